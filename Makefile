@@ -1,0 +1,37 @@
+# The whole set-up: `make demo` runs the main job, `make test` runs lint, types and tests.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint types unit bench clean
+
+# torch is installed first and pinned, so that nothing pulls a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/renderq simulate --profile article-sdxl-a100 --renders 10000 \
+		--failure-rate 0.08 --modes adhoc,dynamic,window
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
+
+types: $(STAMP)
+	$(VENV)/bin/mypy
+
+unit: $(STAMP)
+	$(VENV)/bin/pytest -q
+
+test: lint types unit
+
+bench: $(STAMP)
+	$(PY) bench/scheduler_overhead.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

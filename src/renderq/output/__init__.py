@@ -1,0 +1,1 @@
+"""renderq.output."""
