@@ -1,0 +1,42 @@
+"""The renderq exception tree, in one place.
+
+::
+
+    RenderqError                  base of everything renderq raises on purpose
+    ├── ConfigError (ValueError)  a bad setting or input; the message quotes the bad value
+    │   └── ProfileError          a cost/memory profile that cannot be used
+    ├── InvalidTransition         a request state change the transition table forbids
+    ├── UnknownRequest (KeyError) an id the scheduler has never seen
+    └── AdmissionRejected         raised only by callers that prefer exceptions to verdicts
+"""
+
+from __future__ import annotations
+
+
+class RenderqError(Exception):
+    """Base class of every error renderq raises on purpose."""
+
+
+class ConfigError(RenderqError, ValueError):
+    """A bad setting or input value. The message names the value."""
+
+
+class ProfileError(ConfigError):
+    """A cost or memory profile that is malformed or cannot serve a request."""
+
+
+class InvalidTransition(RenderqError):
+    """A request state change that the transition table does not allow."""
+
+
+class UnknownRequest(RenderqError, KeyError):
+    """A request id the scheduler has never seen."""
+
+
+class AdmissionRejected(RenderqError):
+    """A request refused at admission; ``reason`` is machine-readable."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail

@@ -1,0 +1,132 @@
+"""The ledger: every device-second booked to a stage and a device class.
+
+A batch's device-seconds are split between its first attempts and its retries by head
+count (a render batch of 60 first attempts and 4 regenerations books 60/64 of its time to
+``render`` and 4/64 to ``regen``), so stage totals always add up to the batch totals.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from renderq.core.types import Stage
+
+_FIRST = {"render": Stage.RENDER, "score": Stage.SCORE}
+_RETRY = {"render": Stage.REGEN, "score": Stage.RESCORE}
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerReport:
+    """Totals of a ledger, in seconds and GPU-hours, with money at a price per device-hour."""
+
+    seconds: Mapping[Stage, float]
+    seconds_by_device: Mapping[str, float]
+    batch_seconds: float
+    accepted: int
+    price_per_hour: float | None
+
+    @property
+    def total_seconds(self) -> float:
+        """All device-seconds booked."""
+        return math.fsum(self.seconds.values())
+
+    def gpu_hours(self) -> dict[str, float]:
+        """GPU-hours per stage plus ``total``."""
+        hours = {stage.value: self.seconds.get(stage, 0.0) / 3600 for stage in Stage}
+        hours["total"] = self.total_seconds / 3600
+        return hours
+
+    def per_10k_accepted_hours(self) -> float | None:
+        """GPU-hours per 10,000 accepted images (None before anything was accepted)."""
+        if self.accepted == 0:
+            return None
+        return self.total_seconds / 3600 / self.accepted * 10_000
+
+    def cost(self) -> float | None:
+        """Money for all booked time at ``price_per_hour``."""
+        if self.price_per_hour is None:
+            return None
+        return self.total_seconds / 3600 * self.price_per_hour
+
+    def cost_per_10k_accepted(self) -> float | None:
+        """Money per 10,000 accepted images."""
+        per10k = self.per_10k_accepted_hours()
+        if per10k is None or self.price_per_hour is None:
+            return None
+        return per10k * self.price_per_hour
+
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-ready summary."""
+        return {
+            "device_seconds": {s.value: self.seconds.get(s, 0.0) for s in Stage},
+            "device_seconds_by_device": dict(self.seconds_by_device),
+            "gpu_hours": self.gpu_hours(),
+            "accepted": self.accepted,
+            "gpu_hours_per_10k_accepted": self.per_10k_accepted_hours(),
+            "price_per_hour": self.price_per_hour,
+            "cost": self.cost(),
+            "cost_per_10k_accepted": self.cost_per_10k_accepted(),
+        }
+
+
+@dataclass(slots=True)
+class Ledger:
+    """Accumulates device-seconds per (stage, device class)."""
+
+    entries: dict[tuple[Stage, str], float] = field(default_factory=dict)
+    batch_seconds: float = 0.0
+    batches: int = 0
+    accepted: int = 0
+
+    def book_batch(
+        self, kind: str, attempts: Iterable[int], device_seconds: float, device_class: str
+    ) -> None:
+        """Book one batch of ``kind`` (``"render"`` or ``"score"``) whose items had ``attempts``."""
+        if kind not in _FIRST:
+            raise ValueError(f"batch kind must be 'render' or 'score', got {kind!r}")
+        if not math.isfinite(device_seconds) or device_seconds < 0:
+            raise ValueError(f"device_seconds must be finite and >= 0, got {device_seconds}")
+        counts = [0, 0]
+        for a in attempts:
+            counts[a > 0] += 1
+        n = counts[0] + counts[1]
+        if n == 0:
+            raise ValueError("cannot book a batch with no items")
+        first = device_seconds * counts[0] / n
+        self._add(_FIRST[kind], device_class, first)
+        self._add(_RETRY[kind], device_class, device_seconds - first)
+        self.batch_seconds += device_seconds
+        self.batches += 1
+
+    def book(self, stage: Stage, device_class: str, device_seconds: float) -> None:
+        """Book time directly to a stage (for restored ledgers and custom stages)."""
+        self._add(stage, device_class, device_seconds)
+        self.batch_seconds += device_seconds
+        self.batches += 1
+
+    def count_accepted(self, n: int = 1) -> None:
+        """Count accepted images (the denominator of per-10k figures)."""
+        self.accepted += n
+
+    def _add(self, stage: Stage, device_class: str, seconds: float) -> None:
+        k = (stage, device_class)
+        self.entries[k] = self.entries.get(k, 0.0) + seconds
+
+    def report(self, price_per_hour: float | None = None) -> LedgerReport:
+        """Totals so far."""
+        if price_per_hour is not None and (not math.isfinite(price_per_hour) or price_per_hour < 0):
+            raise ValueError(f"price per hour must be >= 0, got {price_per_hour}")
+        by_stage: dict[Stage, float] = {}
+        by_device: dict[str, float] = {}
+        for (stage, dev), secs in self.entries.items():
+            by_stage[stage] = by_stage.get(stage, 0.0) + secs
+            by_device[dev] = by_device.get(dev, 0.0) + secs
+        return LedgerReport(
+            seconds=by_stage,
+            seconds_by_device=by_device,
+            batch_seconds=self.batch_seconds,
+            accepted=self.accepted,
+            price_per_hour=price_per_hour,
+        )

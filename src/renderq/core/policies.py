@@ -1,0 +1,240 @@
+"""Batching policies: small objects that say how many queued requests to cut now.
+
+A policy sees one key's queue through a ``QueueView`` and answers two questions:
+``cut`` (how many to take now; 0 means wait) and ``wakeup`` (the earliest future time
+its answer could change with no new event). The scheduler owns the queues; policies
+own no state, so one policy object serves every key.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from renderq.core.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class QueueView:
+    """What a policy may know about one key's queue."""
+
+    size: int
+    oldest: float
+    inflight: int
+    cap: int
+    latency: Callable[[int], float] | None = None
+
+
+class Policy(Protocol):
+    """A batching policy. ``max_batch_size`` of None means "as large as the cap allows"."""
+
+    name: str
+
+    @property
+    def max_batch_size(self) -> int | None:
+        """The policy's own cap on batch size, if any."""
+        ...
+
+    def cut(self, view: QueueView, now: float) -> int:
+        """How many requests to batch now (0 = wait)."""
+        ...
+
+    def wakeup(self, view: QueueView, now: float) -> float | None:
+        """Earliest time > now at which ``cut`` could become non-zero without new events."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class AdHoc:
+    """The baseline: every request runs alone, as soon as a worker is free."""
+
+    name: str = "adhoc"
+
+    @property
+    def max_batch_size(self) -> int | None:
+        """Always one."""
+        return 1
+
+    def cut(self, view: QueueView, now: float) -> int:
+        """One request whenever any is queued."""
+        return 1 if view.size > 0 else 0
+
+    def wakeup(self, view: QueueView, now: float) -> float | None:
+        """Never waits, so never needs a timer."""
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Dynamic:
+    """Triton-style dynamic batching.
+
+    Cut a full batch (``max_batch_size``, or the memory cap if lower) at once; cut the
+    largest reachable ``preferred_sizes`` entry at once; otherwise wait until the oldest
+    queued request has waited ``max_queue_delay_s`` and cut what is there.
+    """
+
+    max_queue_delay_s: float = 0.1
+    batch_size: int | None = None
+    preferred_sizes: tuple[int, ...] = ()
+    name: str = "dynamic"
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.max_queue_delay_s) or self.max_queue_delay_s < 0:
+            raise ConfigError(f"max_queue_delay_s must be >= 0, got {self.max_queue_delay_s}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ConfigError(f"max batch size must be >= 1, got {self.batch_size}")
+        if any(p < 1 for p in self.preferred_sizes):
+            raise ConfigError(f"preferred batch sizes must be >= 1, got {self.preferred_sizes}")
+
+    @property
+    def max_batch_size(self) -> int | None:
+        """The configured maximum batch size."""
+        return self.batch_size
+
+    def cut(self, view: QueueView, now: float) -> int:
+        """Full batch, else a preferred size, else whatever is there once the delay is up."""
+        if view.size <= 0:
+            return 0
+        if view.size >= view.cap:
+            return view.cap
+        reachable = [p for p in self.preferred_sizes if p <= view.size]
+        if reachable:
+            return max(reachable)
+        if now >= view.oldest + self.max_queue_delay_s:
+            return view.size
+        return 0
+
+    def wakeup(self, view: QueueView, now: float) -> float | None:
+        """When the oldest request's delay runs out."""
+        due = view.oldest + self.max_queue_delay_s
+        return due if view.size > 0 and due > now else None
+
+
+@dataclass(frozen=True, slots=True)
+class Windows:
+    """When scheduled windows are open: an explicit list, or a cadence.
+
+    Explicit windows are half-open ``[start, end)`` intervals. A cadence opens a window of
+    ``length`` every ``period`` seconds starting at ``offset``; ``length=inf`` with
+    ``period=inf`` is one window that never closes.
+    """
+
+    explicit: tuple[tuple[float, float], ...] = ()
+    period: float = math.inf
+    length: float = math.inf
+    offset: float = 0.0
+
+    def __post_init__(self) -> None:
+        for start, end in self.explicit:
+            if not end > start:
+                raise ConfigError(f"window end must be after its start, got [{start}, {end})")
+        if self.explicit:
+            ordered = sorted(self.explicit)
+            for (_, e0), (s1, _) in zip(ordered, ordered[1:], strict=False):
+                if s1 < e0:
+                    raise ConfigError(f"windows overlap: {ordered}")
+            object.__setattr__(self, "explicit", tuple(ordered))
+        elif not (self.period > 0 and self.length > 0 and self.length <= self.period):
+            raise ConfigError(
+                f"window cadence needs 0 < length <= period, got length={self.length}, "
+                f"period={self.period}"
+            )
+
+    @classmethod
+    def parse(cls, text: str) -> Windows:
+        """``"always"``, ``"every=3600,length=600[,offset=0]"`` or ``"0-600,3600-4200"``."""
+        text = text.strip()
+        if text == "always":
+            return cls()
+        try:
+            if text.startswith("every="):
+                parts = dict(p.split("=", 1) for p in text.split(","))
+                return cls(
+                    period=float(parts.pop("every")),
+                    length=float(parts.pop("length")),
+                    offset=float(parts.pop("offset", "0")),
+                )
+            spans = [tuple(float(v) for v in p.split("-", 1)) for p in text.split(",")]
+            return cls(explicit=tuple((s[0], s[1]) for s in spans))
+        except (ValueError, KeyError, IndexError):
+            raise ConfigError(
+                f"cannot parse windows {text!r}: use 'always', 'every=P,length=L' or 'S-E,...'"
+            ) from None
+
+    def active(self, now: float) -> tuple[float, float] | None:
+        """The window containing ``now``, or None."""
+        if self.explicit:
+            for start, end in self.explicit:
+                if start <= now < end:
+                    return (start, end)
+            return None
+        if now < self.offset:
+            return None
+        if math.isinf(self.period):
+            return (self.offset, self.offset + self.length)
+        start = self.offset + math.floor((now - self.offset) / self.period) * self.period
+        return (start, start + self.length) if now < start + self.length else None
+
+    def next_start(self, now: float) -> float | None:
+        """Start of the first window opening after ``now``, or None."""
+        if self.explicit:
+            return next((s for s, _ in self.explicit if s > now), None)
+        if now < self.offset:
+            return self.offset
+        if math.isinf(self.period):
+            return None
+        return self.offset + (math.floor((now - self.offset) / self.period) + 1) * self.period
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """Scheduled offline windows: nothing starts outside a window; inside, fill to the cap.
+
+    A partial batch starts only when nothing of its key is in flight (so no regeneration
+    can still join it) or when the window would close before a full batch could finish.
+    """
+
+    windows: Windows = Windows()
+    batch_size: int | None = None
+    name: str = "window"
+
+    @property
+    def max_batch_size(self) -> int | None:
+        """The configured maximum batch size."""
+        return self.batch_size
+
+    def cut(self, view: QueueView, now: float) -> int:
+        """Full batches inside a window; a partial one only when waiting cannot fill it."""
+        span = self.windows.active(now)
+        if span is None or view.size <= 0:
+            return 0
+        if view.size >= view.cap:
+            return view.cap
+        if view.inflight == 0 or now >= self._last_call(span, view):
+            return view.size
+        return 0
+
+    def wakeup(self, view: QueueView, now: float) -> float | None:
+        """Next window start, or the last moment to cut a partial batch in this one."""
+        if view.size <= 0:
+            return None
+        span = self.windows.active(now)
+        if span is None:
+            return self.windows.next_start(now)
+        last = self._last_call(span, view)
+        return last if last > now and math.isfinite(last) else None
+
+    @staticmethod
+    def _last_call(span: tuple[float, float], view: QueueView) -> float:
+        expected = view.latency(view.cap) if view.latency is not None else 0.0
+        return span[1] - expected
+
+
+def parse_sizes(text: str) -> Sequence[int]:
+    """Parse ``"4,8,16"`` into sizes, naming the bad value on error."""
+    try:
+        return tuple(int(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise ConfigError(f"batch sizes must be integers, got {text!r}") from None

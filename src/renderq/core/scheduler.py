@@ -1,0 +1,389 @@
+"""The scheduler: queues per batch key, a policy that cuts batches, and the QA state machine.
+
+It is sans-I/O: the shell calls ``submit``, ``schedule``, ``on_result``, ``on_scores``
+and ``cancel`` with the current time, runs what ``schedule`` returns, and sleeps until
+``next_wakeup``. The scheduler never reads a clock, never calls an executor and books
+every batch's device-seconds in its ledger as results come back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from renderq.core.admission import AdmissionConfig, admit
+from renderq.core.cost import StageCost
+from renderq.core.errors import ConfigError, UnknownRequest
+from renderq.core.events import (
+    Accepted,
+    Admission,
+    AttemptRecord,
+    Cancelled,
+    Escalated,
+    Event,
+    Regenerating,
+    ToScore,
+)
+from renderq.core.ledger import Ledger
+from renderq.core.policies import Policy, QueueView
+from renderq.core.qa import QAPolicy, Verdict
+from renderq.core.types import (
+    TERMINAL,
+    Batch,
+    BatchKey,
+    BatchResult,
+    Request,
+    RequestState,
+    ScoreResult,
+    check_transition,
+)
+
+_S = RequestState
+CostLookup = Callable[[BatchKey], StageCost | None]
+
+
+@dataclass(slots=True)
+class _Record:
+    request: Request
+    state: RequestState = _S.NEW
+    history: list[AttemptRecord] = field(default_factory=list)
+    cancel_requested: bool = False
+
+
+@dataclass(slots=True)
+class _KeyQueue:
+    """One key's queue: a FIFO per priority level, cancelled entries skipped lazily."""
+
+    levels: dict[int, deque[tuple[float, str]]] = field(default_factory=dict)
+    live_by_level: dict[int, int] = field(default_factory=dict)
+    live: int = 0
+    inflight: int = 0
+    cap_override: int | None = None
+
+    def push(self, priority: int, at: float, request_id: str) -> None:
+        self.levels.setdefault(priority, deque()).append((at, request_id))
+        self.live_by_level[priority] = self.live_by_level.get(priority, 0) + 1
+        self.live += 1
+
+    def ahead_of(self, priority: int) -> int:
+        return sum(n for p, n in self.live_by_level.items() if p >= priority)
+
+
+class Scheduler:
+    """Batches same-key requests under one policy and runs the QA loop on their results."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        qa: QAPolicy | None = None,
+        cost: CostLookup | None = None,
+        default_cap: int = 64,
+        admission: AdmissionConfig | None = None,
+        ledger: Ledger | None = None,
+    ) -> None:
+        if default_cap < 1:
+            raise ConfigError(f"default_cap must be >= 1, got {default_cap}")
+        self.policy = policy
+        self.qa = qa or QAPolicy()
+        self.ledger = ledger if ledger is not None else Ledger()
+        self._cost = cost or (lambda key: None)
+        self._default_cap = default_cap
+        self._admission = admission or AdmissionConfig()
+        self._records: dict[str, _Record] = {}
+        self._queues: dict[BatchKey, _KeyQueue] = {}
+        self._running: dict[int, Batch] = {}
+        self._batch_ids = itertools.count(1)
+        self._cost_cache: dict[BatchKey, StageCost | None] = {}
+
+    # -- inspection ---------------------------------------------------------------------
+
+    def state(self, request_id: str) -> RequestState:
+        """Current state of a request."""
+        return self._record(request_id).state
+
+    def history(self, request_id: str) -> tuple[AttemptRecord, ...]:
+        """Every attempt of a request so far."""
+        return tuple(self._record(request_id).history)
+
+    def states(self) -> Mapping[str, RequestState]:
+        """States of every request the scheduler has seen."""
+        return {rid: rec.state for rid, rec in self._records.items()}
+
+    def queue_depths(self) -> dict[BatchKey, int]:
+        """Live queued requests per key."""
+        return {k: q.live for k, q in self._queues.items() if q.live}
+
+    def running_batches(self) -> Sequence[Batch]:
+        """Batches cut and not yet reported back."""
+        return list(self._running.values())
+
+    def cap(self, key: BatchKey) -> int:
+        """The effective batch cap of a key: policy, memory model and OOM lowering."""
+        q = self._queues.get(key)
+        return self._cap(key, q)
+
+    def idle(self) -> bool:
+        """True when no request is queued, running or being scored."""
+        return not self._running and all(
+            q.live == 0 and q.inflight == 0 for q in self._queues.values()
+        )
+
+    # -- requests in --------------------------------------------------------------------
+
+    def submit(self, request: Request, now: float) -> Admission:
+        """Admit and queue a new request (attempt 0), or reject it with a reason."""
+        if request.id in self._records:
+            raise ConfigError(f"request id {request.id!r} was already submitted")
+        rec = _Record(request)
+        self._records[request.id] = rec
+        q = self._queue(request.key)
+        cost = self._stage_cost(request.key)
+        verdict = admit(
+            self._admission,
+            now=now,
+            queued=q.live,
+            ahead=q.ahead_of(request.priority) + q.inflight,
+            deadline=request.deadline,
+            cap=self._cap(request.key, q),
+            latency=cost.latency if cost is not None else None,
+        )
+        if not verdict.admitted:
+            self._move(rec, _S.REJECTED)
+            return verdict
+        self._enqueue(rec, q, now)
+        return verdict
+
+    def cancel(self, request_id: str, now: float) -> list[Event]:
+        """Cancel a request: queued work is dropped now, running work when it returns."""
+        rec = self._record(request_id)
+        if rec.state in TERMINAL:
+            return []
+        if rec.state is _S.QUEUED:
+            q = self._queues[rec.request.key]
+            q.live -= 1
+            q.live_by_level[rec.request.priority] -= 1
+            self._move(rec, _S.CANCELLED)
+            return [Cancelled(rec.request, tuple(rec.history))]
+        rec.cancel_requested = True
+        return []
+
+    # -- batches out --------------------------------------------------------------------
+
+    def schedule(self, now: float, free_workers: Mapping[str, int]) -> list[Batch]:
+        """Cut the batches to start now, at most one per free worker of each device class.
+
+        Keys are served highest head priority first, then oldest head first; a key whose
+        policy says "wait" never holds back another key.
+        """
+        free = dict(free_workers)
+        out: list[Batch] = []
+        while True:
+            best: tuple[int, float, BatchKey, int] | None = None
+            for key, q in self._queues.items():
+                if q.live == 0 or free.get(key.device_class, 0) <= 0:
+                    continue
+                n = self.policy.cut(self._view(key, q), now)
+                if n <= 0:
+                    continue
+                prio, oldest = self._head(q)
+                cand = (-prio, oldest, key, n)
+                if best is None or cand[:2] < best[:2]:
+                    best = cand
+            if best is None:
+                return out
+            _, _, key, n = best
+            out.append(self._cut(key, n, now))
+            free[key.device_class] -= 1
+
+    def next_wakeup(self, now: float) -> float | None:
+        """The earliest future time at which ``schedule`` could cut without a new event."""
+        times = [
+            t
+            for key, q in self._queues.items()
+            if q.live
+            for t in (self.policy.wakeup(self._view(key, q), now),)
+            if t is not None and t > now
+        ]
+        return min(times, default=None)
+
+    # -- results in ---------------------------------------------------------------------
+
+    def on_result(self, result: BatchResult, now: float) -> list[Event]:
+        """Take a render batch's results: images go to scoring, failures are retried."""
+        batch = self._running.pop(result.batch_id, None)
+        if batch is None:
+            raise UnknownRequest(f"no running batch with id {result.batch_id}")
+        q = self._queues[batch.key]
+        if result.fitted_cap is not None:
+            self.lower_cap(batch.key, result.fitted_cap)
+        self.ledger.book_batch(
+            "render",
+            (r.attempt for r in batch.requests),
+            result.device_seconds,
+            result.device_class,
+        )
+        items = {it.request_id: it for it in result.items}
+        events: list[Event] = []
+        for req in batch.requests:
+            rec = self._records[req.id]
+            item = items.get(req.id)
+            error = "executor returned no result for this item" if item is None else item.error
+            rec.history.append(
+                AttemptRecord(req.attempt, req.seed, batch.id, batch.size, error=error)
+            )
+            if rec.cancel_requested:
+                q.inflight -= 1
+                self._move(rec, _S.CANCELLED)
+                events.append(Cancelled(req, tuple(rec.history)))
+            elif error is None and item is not None:
+                self._move(rec, _S.SCORING)
+                events.append(ToScore(req, tuple(rec.history), image=item.image))
+            else:
+                q.inflight -= 1
+                events.append(self._retry_or_escalate(rec, None, now))
+        return events
+
+    def on_scores(self, request_ids: Sequence[str], result: ScoreResult, now: float) -> list[Event]:
+        """Take one scoring batch's scores and apply the QA decision to each attempt."""
+        if len(request_ids) != len(result.scores):
+            raise ConfigError(
+                f"{len(request_ids)} request ids but {len(result.scores)} scores in a score batch"
+            )
+        recs = [self._record(rid) for rid in request_ids]
+        for rec in recs:
+            if rec.state is not _S.SCORING:
+                raise ConfigError(f"request {rec.request.id!r} is {rec.state.value}, not scoring")
+        self.ledger.book_batch(
+            "score", (r.request.attempt for r in recs), result.device_seconds, result.device_class
+        )
+        events: list[Event] = []
+        for rec, score in zip(recs, result.scores, strict=True):
+            self._queues[rec.request.key].inflight -= 1
+            last = rec.history[-1]
+            rec.history[-1] = dataclasses.replace(last, score=score)
+            if rec.cancel_requested:
+                self._move(rec, _S.CANCELLED)
+                events.append(Cancelled(rec.request, tuple(rec.history)))
+            elif self.qa.decide(score, rec.request.attempt) is Verdict.ACCEPT:
+                self._move(rec, _S.ACCEPTED)
+                self.ledger.count_accepted()
+                events.append(Accepted(rec.request, tuple(rec.history), score=score))
+            else:
+                events.append(self._retry_or_escalate(rec, score, now))
+        return events
+
+    def on_lost(self, batch_id: int, now: float) -> None:
+        """A batch whose worker died: its requests go back to the queue, attempt unchanged."""
+        batch = self._running.pop(batch_id, None)
+        if batch is None:
+            raise UnknownRequest(f"no running batch with id {batch_id}")
+        q = self._queues[batch.key]
+        for req in batch.requests:
+            q.inflight -= 1
+            self._enqueue(self._records[req.id], q, now)
+
+    def lower_cap(self, key: BatchKey, cap: int) -> None:
+        """Lower a key's batch cap for the rest of the run (after an out-of-memory batch)."""
+        q = self._queue(key)
+        q.cap_override = max(1, min(cap, q.cap_override or cap))
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _retry_or_escalate(self, rec: _Record, score: float | None, now: float) -> Event:
+        verdict = self.qa.decide(score, rec.request.attempt)
+        if verdict is Verdict.REGENERATE:
+            self._move(rec, _S.REGENERATING)
+            rec.request = dataclasses.replace(rec.request, attempt=rec.request.attempt + 1)
+            self._enqueue(rec, self._queues[rec.request.key], now)
+            return Regenerating(rec.request, tuple(rec.history), next_request=rec.request)
+        self._move(rec, _S.ESCALATED)
+        return Escalated(rec.request, tuple(rec.history))
+
+    def _enqueue(self, rec: _Record, q: _KeyQueue, now: float) -> None:
+        self._move(rec, _S.QUEUED)
+        q.push(rec.request.priority, now, rec.request.id)
+
+    def _cut(self, key: BatchKey, n: int, now: float) -> Batch:
+        q = self._queues[key]
+        taken: list[Request] = []
+        for prio in sorted(q.levels, reverse=True):
+            dq = q.levels[prio]
+            while dq and len(taken) < n:
+                _, rid = dq.popleft()
+                rec = self._records[rid]
+                if rec.state is not _S.QUEUED:
+                    continue  # cancelled while queued
+                self._move(rec, _S.RUNNING)
+                q.live_by_level[prio] -= 1
+                taken.append(rec.request)
+            if len(taken) == n:
+                break
+        q.live -= len(taken)
+        q.inflight += len(taken)
+        batch = Batch(next(self._batch_ids), key, tuple(taken), now, self._cap(key, q))
+        self._running[batch.id] = batch
+        return batch
+
+    def _head(self, q: _KeyQueue) -> tuple[int, float]:
+        """Highest live priority and the oldest live enqueue time of a queue."""
+        best_prio: int | None = None
+        oldest = float("inf")
+        for prio, dq in q.levels.items():
+            while dq and self._records[dq[0][1]].state is not _S.QUEUED:
+                dq.popleft()
+            if dq:
+                oldest = min(oldest, dq[0][0])
+                best_prio = prio if best_prio is None else max(best_prio, prio)
+        return (best_prio or 0, oldest)
+
+    def _view(self, key: BatchKey, q: _KeyQueue) -> QueueView:
+        cost = self._stage_cost(key)
+        return QueueView(
+            size=q.live,
+            oldest=self._head(q)[1],
+            inflight=q.inflight,
+            cap=self._cap(key, q),
+            latency=cost.latency if cost is not None else None,
+        )
+
+    def _cap(self, key: BatchKey, q: _KeyQueue | None) -> int:
+        cost = self._stage_cost(key)
+        caps = [self._default_cap if cost is None else cost.cap()]
+        if self.policy.max_batch_size is not None:
+            caps.append(self.policy.max_batch_size)
+        if q is not None and q.cap_override is not None:
+            caps.append(q.cap_override)
+        return max(1, min(caps))
+
+    def _stage_cost(self, key: BatchKey) -> StageCost | None:
+        if key not in self._cost_cache:
+            self._cost_cache[key] = self._cost(key)
+        return self._cost_cache[key]
+
+    def _queue(self, key: BatchKey) -> _KeyQueue:
+        q = self._queues.get(key)
+        if q is None:
+            q = self._queues[key] = _KeyQueue()
+        return q
+
+    def _record(self, request_id: str) -> _Record:
+        try:
+            return self._records[request_id]
+        except KeyError:
+            raise UnknownRequest(f"unknown request id {request_id!r}") from None
+
+    @staticmethod
+    def _move(rec: _Record, new: RequestState) -> None:
+        check_transition(rec.state, new)
+        rec.state = new
+
+
+def submit_all(
+    scheduler: Scheduler, requests: Iterable[Request], now: float
+) -> list[tuple[Request, Admission]]:
+    """Submit many requests at one instant; returns each with its verdict."""
+    return [(r, scheduler.submit(r, now)) for r in requests]

@@ -1,0 +1,259 @@
+"""The discrete-event simulator: the real scheduler on a virtual clock.
+
+The loop is the engine's step on simulated time: take every event due now (arrivals,
+finished renders, finished scores), feed it to the scheduler, start what it cuts on free
+workers, and jump to the next event or the scheduler's ``next_wakeup``. Renders and
+scores take the device-seconds the simulated executor and scorer report; one scorer
+worker scores images as soon as it is free, taking every rendered image waiting (up to
+its cap), so it works on batch N while batch N+1 renders.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+import statistics
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from renderq.core.admission import AdmissionConfig
+from renderq.core.cost import Profile
+from renderq.core.errors import ConfigError
+from renderq.core.events import Accepted, Cancelled, Escalated, Event, ToScore
+from renderq.core.ledger import LedgerReport
+from renderq.core.policies import Policy
+from renderq.core.qa import QAPolicy
+from renderq.core.scheduler import Scheduler
+from renderq.core.types import TERMINAL, Batch, BatchKey, Request, RequestState
+from renderq.engine.arrivals import Arrival
+from renderq.executors.simulated import SimulatedExecutor, SimulatedScorer
+
+_ARRIVE, _RENDERED, _SCORED, _WAKE = range(4)
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Everything one simulated run needs besides the policy."""
+
+    profile: Profile
+    arrivals: tuple[Arrival, ...]
+    failure_rate: float = 0.08
+    hard_share: float = 0.0
+    max_attempts: int = 4
+    render_workers: int = 1
+    seed: int = 0
+    jitter: float = 0.0
+    deadline_s: float | None = None
+    max_queue_per_key: int | None = None
+    price_per_hour: float | None = None
+    threshold: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.render_workers < 1:
+            raise ConfigError(f"render workers must be >= 1, got {self.render_workers}")
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    """The outcome of one simulated run of one mode."""
+
+    mode: str
+    ledger: LedgerReport
+    latencies: tuple[float, ...]
+    batch_sizes: tuple[int, ...]
+    accepted: int
+    escalated: int
+    rejected: int
+    unfinished: int
+    renders: int
+    rerenders: int
+    makespan_s: float
+
+    def percentile(self, q: float) -> float | None:
+        """Latency percentile (nearest rank) of finished requests, seconds."""
+        if not self.latencies:
+            return None
+        ordered = sorted(self.latencies)
+        rank = max(1, math.ceil(q / 100 * len(ordered)))
+        return ordered[rank - 1]
+
+    @property
+    def mean_batch_size(self) -> float:
+        """Mean render batch size."""
+        return statistics.fmean(self.batch_sizes) if self.batch_sizes else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON shape ``renderq simulate --json`` prints per mode."""
+        hours = self.ledger.gpu_hours()
+        return {
+            "gpu_hours": {k: hours[k] for k in ("render", "score", "regen", "rescore", "total")},
+            "cost": self.ledger.cost(),
+            "cost_per_10k_accepted": self.ledger.cost_per_10k_accepted(),
+            "gpu_hours_per_10k_accepted": self.ledger.per_10k_accepted_hours(),
+            "latency_s": {"p50": self.percentile(50), "p99": self.percentile(99)},
+            "mean_batch_size": self.mean_batch_size,
+            "batches": len(self.batch_sizes),
+            "accepted": self.accepted,
+            "escalated": self.escalated,
+            "rejected": self.rejected,
+            "unfinished": self.unfinished,
+            "renders": self.renders,
+            "rerenders": self.rerenders,
+            "makespan_s": self.makespan_s,
+        }
+
+
+@dataclass(slots=True)
+class _Loop:
+    cfg: SimConfig
+    sched: Scheduler
+    executor: SimulatedExecutor
+    scorer: SimulatedScorer
+    heap: list[tuple[float, int, int, Any]] = field(default_factory=list)
+    seq: itertools.count[int] = field(default_factory=itertools.count)
+    free: int = 0
+    scorer_busy: bool = False
+    to_score: deque[Request] = field(default_factory=deque)
+    wakes: set[float] = field(default_factory=set)
+    done_at: dict[str, float] = field(default_factory=dict)
+    batch_sizes: list[int] = field(default_factory=list)
+    renders: int = 0
+    rerenders: int = 0
+    accepted: int = 0
+    escalated: int = 0
+
+    def push(self, t: float, kind: int, payload: Any) -> None:
+        heapq.heappush(self.heap, (t, next(self.seq), kind, payload))
+
+    def handle(self, now: float, kind: int, payload: Any) -> None:
+        if kind == _ARRIVE:
+            self.sched.submit(payload, now)
+        elif kind == _RENDERED:
+            batch, result = payload
+            self.free += 1
+            self.note(self.sched.on_result(result, now), now)
+        elif kind == _SCORED:
+            ids, result = payload
+            self.scorer_busy = False
+            self.note(self.sched.on_scores(ids, result, now), now)
+        else:
+            self.wakes.discard(payload)
+
+    def note(self, events: Sequence[Event], now: float) -> None:
+        for ev in events:
+            if isinstance(ev, ToScore):
+                self.to_score.append(ev.request)
+            elif isinstance(ev, Accepted):
+                self.accepted += 1
+                self.done_at[ev.request.id] = now
+            elif isinstance(ev, Escalated):
+                self.escalated += 1
+                self.done_at[ev.request.id] = now
+            elif isinstance(ev, Cancelled):
+                self.done_at[ev.request.id] = now
+
+    def dispatch(self, now: float) -> None:
+        dc = self.cfg.profile.device_class
+        for batch in self.sched.schedule(now, {dc: self.free}):
+            self.start(batch, now)
+        if not self.scorer_busy and self.to_score:
+            cap = self.cfg.profile.score.cap()
+            reqs = [self.to_score.popleft() for _ in range(min(cap, len(self.to_score)))]
+            result = self.scorer.score(reqs)
+            self.scorer_busy = True
+            self.push(now + result.device_seconds, _SCORED, ([r.id for r in reqs], result))
+        wake = self.sched.next_wakeup(now)
+        if wake is not None and wake not in self.wakes:
+            self.wakes.add(wake)
+            self.push(wake, _WAKE, wake)
+
+    def start(self, batch: Batch, now: float) -> None:
+        self.free -= 1
+        self.batch_sizes.append(batch.size)
+        for r in batch.requests:
+            self.renders += 1
+            self.rerenders += r.attempt > 0
+        result = self.executor.run(batch)
+        self.push(now + result.device_seconds, _RENDERED, (batch, result))
+
+
+def profile_key(profile: Profile) -> BatchKey:
+    """The batch key every simulated request of a profile shares."""
+    return BatchKey(
+        model=profile.model,
+        width=profile.width,
+        height=profile.height,
+        steps=profile.steps,
+        guidance=True,
+        sampler="default",
+        precision=profile.precision,
+        device_class=profile.device_class,
+    )
+
+
+def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
+    """Run one mode over the configured arrivals; the same inputs give the same result."""
+    profile = cfg.profile
+    key = profile_key(profile)
+    sched = Scheduler(
+        policy,
+        qa=QAPolicy(threshold=cfg.threshold, max_attempts=cfg.max_attempts),
+        cost=lambda k: profile.render if k == key else None,
+        admission=AdmissionConfig(cfg.max_queue_per_key, cfg.render_workers),
+    )
+    rng = random.Random(cfg.seed)
+    loop = _Loop(
+        cfg,
+        sched,
+        SimulatedExecutor(profile.render, profile.device_class, rng, cfg.jitter),
+        SimulatedScorer(
+            profile.score,
+            profile.device_class,
+            cfg.seed,
+            cfg.failure_rate,
+            cfg.hard_share,
+            cfg.threshold,
+        ),
+        free=cfg.render_workers,
+    )
+    arrived: dict[str, float] = {}
+    for i, a in enumerate(cfg.arrivals):
+        deadline_s = a.deadline_s if a.deadline_s is not None else cfg.deadline_s
+        req = Request(
+            id=f"r{i:07d}",
+            prompt=a.prompt or f"prompt {i}",
+            key=key,
+            base_seed=cfg.seed * 1_000_003 + i,
+            priority=a.priority,
+            arrival=a.t,
+            deadline=None if deadline_s is None else a.t + deadline_s,
+        )
+        arrived[req.id] = a.t
+        loop.push(a.t, _ARRIVE, req)
+    now = 0.0
+    while loop.heap:
+        now, _, kind, payload = heapq.heappop(loop.heap)
+        loop.handle(now, kind, payload)
+        while loop.heap and loop.heap[0][0] == now:
+            _, _, kind, payload = heapq.heappop(loop.heap)
+            loop.handle(now, kind, payload)
+        loop.dispatch(now)
+    states = list(sched.states().values())
+    rejected = sum(1 for s in states if s is RequestState.REJECTED)
+    return SimResult(
+        mode=policy.name,
+        ledger=sched.ledger.report(cfg.price_per_hour),
+        latencies=tuple(loop.done_at[r] - arrived[r] for r in sorted(loop.done_at)),
+        batch_sizes=tuple(loop.batch_sizes),
+        accepted=loop.accepted,
+        escalated=loop.escalated,
+        rejected=rejected,
+        unfinished=sum(1 for s in states if s not in TERMINAL),
+        renders=loop.renders,
+        rerenders=loop.rerenders,
+        makespan_s=now,
+    )

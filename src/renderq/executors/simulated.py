@@ -1,0 +1,73 @@
+"""A simulated executor and scorer: costs from a profile, outcomes from seeded randomness."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from renderq.core.cost import StageCost
+from renderq.core.errors import ConfigError
+from renderq.core.types import Batch, BatchResult, ItemResult, Request, ScoreResult
+
+
+def _check_fraction(name: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ConfigError(f"{name} must be in [0, 1], got {value}")
+
+
+@dataclass(slots=True)
+class SimulatedExecutor:
+    """Takes ``cost.latency(n)`` device-seconds per batch, times ``1 + U(-jitter, jitter)``."""
+
+    cost: StageCost
+    device_class: str
+    rng: random.Random
+    jitter: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_fraction("jitter", self.jitter)
+
+    def run(self, batch: Batch) -> BatchResult:
+        """Every item renders (its image is the request id); time comes from the cost model."""
+        seconds = self.cost.latency(batch.size)
+        if self.jitter:
+            seconds *= 1.0 + self.rng.uniform(-self.jitter, self.jitter)
+        items = tuple(ItemResult(r.id, image=r.id) for r in batch.requests)
+        return BatchResult(batch.id, items, seconds, self.device_class)
+
+
+@dataclass(slots=True)
+class SimulatedScorer:
+    """QA failure model: each attempt fails with ``failure_rate``; "hard" prompts never pass.
+
+    Outcomes depend only on ``(seed, request id, attempt)``, not on batching or event
+    order, so every mode of one simulation sees the same failures.
+    """
+
+    cost: StageCost
+    device_class: str
+    seed: int
+    failure_rate: float
+    hard_share: float = 0.0
+    threshold: float = 0.25
+
+    def __post_init__(self) -> None:
+        _check_fraction("failure rate", self.failure_rate)
+        _check_fraction("hard share", self.hard_share)
+
+    def is_hard(self, request_id: str) -> bool:
+        """Whether this prompt never passes the gate."""
+        return random.Random(f"{self.seed}:hard:{request_id}").random() < self.hard_share
+
+    def score_one(self, request: Request) -> float:
+        """The score of one attempt: above the threshold when it passes, below when not."""
+        rng = random.Random(f"{self.seed}:{request.id}:{request.attempt}")
+        fails = self.is_hard(request.id) or rng.random() < self.failure_rate
+        margin = rng.uniform(0.001, 0.1)
+        return self.threshold - margin if fails else self.threshold + margin
+
+    def score(self, requests: Sequence[Request]) -> ScoreResult:
+        """Score a batch of attempts."""
+        scores = tuple(self.score_one(r) for r in requests)
+        return ScoreResult(scores, self.cost.latency(len(requests)), self.device_class)
