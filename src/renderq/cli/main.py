@@ -1,8 +1,16 @@
-"""renderq command line."""
+"""renderq command line: one typer app; each command lives in its own module."""
+
+from __future__ import annotations
 
 import typer
 
-app = typer.Typer(help="renderq: batched text-to-image rendering with a QA loop and a ledger.")
+from renderq.cli.simulate import simulate_command
+
+app = typer.Typer(
+    help="renderq: batched text-to-image rendering with a QA loop and a device-cost ledger.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
 
 
 @app.command()
@@ -11,3 +19,6 @@ def version() -> None:
     from renderq import __version__
 
     typer.echo(__version__)
+
+
+app.command("simulate")(simulate_command)

@@ -41,7 +41,9 @@ class LatencyCurve:
         try:
             pts = sorted((int(b), float(s)) for b, s in points)
         except (TypeError, ValueError):
-            raise ProfileError(f"latency points must be [batch_size, seconds], got {points!r}")
+            raise ProfileError(
+                f"latency points must be [batch_size, seconds], got {points!r}"
+            ) from None
         return cls(tuple(b for b, _ in pts), tuple(s for _, s in pts))
 
     @property

@@ -8,6 +8,7 @@ own no state, so one policy object serves every key.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,7 +31,10 @@ class QueueView:
 class Policy(Protocol):
     """A batching policy. ``max_batch_size`` of None means "as large as the cap allows"."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """The mode name (``adhoc``, ``dynamic``, ``window``)."""
+        ...
 
     @property
     def max_batch_size(self) -> int | None:
@@ -132,7 +136,7 @@ class Windows:
                 raise ConfigError(f"window end must be after its start, got [{start}, {end})")
         if self.explicit:
             ordered = sorted(self.explicit)
-            for (_, e0), (s1, _) in zip(ordered, ordered[1:], strict=False):
+            for (_, e0), (s1, _) in itertools.pairwise(ordered):
                 if s1 < e0:
                     raise ConfigError(f"windows overlap: {ordered}")
             object.__setattr__(self, "explicit", tuple(ordered))
@@ -190,7 +194,7 @@ class Windows:
 
 @dataclass(frozen=True, slots=True)
 class Window:
-    """Scheduled offline windows: nothing starts outside a window; inside, fill to the cap.
+    """Scheduled offline windows: nothing runs outside a window; inside, fill to the cap.
 
     A partial batch starts only when nothing of its key is in flight (so no regeneration
     can still join it) or when the window would close before a full batch could finish.
@@ -206,15 +210,21 @@ class Window:
         return self.batch_size
 
     def cut(self, view: QueueView, now: float) -> int:
-        """Full batches inside a window; a partial one only when waiting cannot fill it."""
+        """Full batches inside a window; a partial one only when waiting cannot fill it.
+
+        Where the cost model knows the latency, a batch is shrunk to what finishes before
+        the window closes, and none starts when not even one request would.
+        """
         span = self.windows.active(now)
         if span is None or view.size <= 0:
             return 0
-        if view.size >= view.cap:
-            return view.cap
-        if view.inflight == 0 or now >= self._last_call(span, view):
-            return view.size
-        return 0
+        n = min(view.size, view.cap)
+        if view.size < view.cap and view.inflight > 0 and now < self._last_call(span, view):
+            return 0
+        if view.latency is not None and math.isfinite(span[1]):
+            while n > 0 and now + view.latency(n) > span[1]:
+                n -= 1
+        return n
 
     def wakeup(self, view: QueueView, now: float) -> float | None:
         """Next window start, or the last moment to cut a partial batch in this one."""

@@ -105,6 +105,10 @@ class Scheduler:
         """Current state of a request."""
         return self._record(request_id).state
 
+    def request(self, request_id: str) -> Request:
+        """The request's current attempt."""
+        return self._record(request_id).request
+
     def history(self, request_id: str) -> tuple[AttemptRecord, ...]:
         """Every attempt of a request so far."""
         return tuple(self._record(request_id).history)

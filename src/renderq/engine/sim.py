@@ -133,7 +133,7 @@ class _Loop:
         if kind == _ARRIVE:
             self.sched.submit(payload, now)
         elif kind == _RENDERED:
-            batch, result = payload
+            _batch, result = payload
             self.free += 1
             self.note(self.sched.on_result(result, now), now)
         elif kind == _SCORED:

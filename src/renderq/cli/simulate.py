@@ -1,0 +1,149 @@
+"""``renderq simulate``: what each batching mode would cost, on a virtual clock."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from renderq.core.errors import ConfigError
+from renderq.core.policies import AdHoc, Dynamic, Policy, Window, Windows, parse_sizes
+from renderq.engine.arrivals import arrivals
+from renderq.engine.sim import SimConfig, SimResult, simulate
+from renderq.profiles import load_profile
+
+MODES = ("adhoc", "dynamic", "window")
+
+
+def make_policy(
+    mode: str,
+    *,
+    max_batch_size: int | None,
+    max_queue_delay_s: float,
+    preferred: str,
+    windows: str,
+) -> Policy:
+    """Build the policy a mode name stands for."""
+    if mode == "adhoc":
+        return AdHoc()
+    if mode == "dynamic":
+        return Dynamic(max_queue_delay_s, max_batch_size, tuple(parse_sizes(preferred)))
+    if mode == "window":
+        return Window(Windows.parse(windows), max_batch_size)
+    raise ConfigError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+
+
+def parse_modes(text: str) -> list[str]:
+    """Split ``"adhoc,dynamic"`` and check each name."""
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise ConfigError(f"unknown mode(s) {bad or text!r}; choose from {', '.join(MODES)}")
+    return modes
+
+
+def _fmt(v: float | None, spec: str = ".3f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def render_table(results: dict[str, SimResult], console: Console) -> None:
+    """A column per mode: GPU-hours by stage, money, latency, batching and outcomes."""
+    base = results.get("adhoc")
+    table = Table(title="GPU-hours by stage, cost and latency per mode")
+    table.add_column("")
+    for mode in results:
+        table.add_column(mode, justify="right")
+    hours = {m: r.ledger.gpu_hours() for m, r in results.items()}
+    rows: list[tuple[str, list[str]]] = [
+        (f"{stage} GPU-h", [_fmt(hours[m][stage]) for m in results])
+        for stage in ("render", "score", "regen", "rescore", "total")
+    ]
+    res = list(results.values())
+    rows += [
+        ("cost $", [_fmt(r.ledger.cost(), ",.2f") for r in res]),
+        ("$ per 10k accepted", [_fmt(r.ledger.cost_per_10k_accepted(), ",.2f") for r in res]),
+        ("p50 latency s", [_fmt(r.percentile(50), ",.1f") for r in results.values()]),
+        ("p99 latency s", [_fmt(r.percentile(99), ",.1f") for r in results.values()]),
+        ("mean batch size", [f"{r.mean_batch_size:.1f}" for r in results.values()]),
+        ("re-renders", [str(r.rerenders) for r in results.values()]),
+        ("accepted", [str(r.accepted) for r in results.values()]),
+        ("escalated", [str(r.escalated) for r in results.values()]),
+        ("rejected", [str(r.rejected) for r in results.values()]),
+    ]  # fmt: skip
+    if base is not None and base.ledger.total_seconds > 0:
+        base_s = base.ledger.total_seconds
+        rows.append(("total vs adhoc", [f"{r.ledger.total_seconds / base_s:.3f}x" for r in res]))
+    for label, cells in rows:
+        table.add_row(label, *cells)
+    console.print(table)
+
+
+def simulate_command(
+    profile: Annotated[str, typer.Option(help="Profile name (shipped) or path to a JSON file.")],
+    renders: Annotated[int, typer.Option(help="Number of prompts to render.")] = 10_000,
+    failure_rate: Annotated[float, typer.Option(help="Per-attempt QA failure probability.")] = 0.08,
+    modes: Annotated[str, typer.Option(help="Comma-separated: adhoc,dynamic,window.")] = (
+        "adhoc,dynamic,window"
+    ),
+    arrival: Annotated[
+        str, typer.Option(help="offline | poisson:RATE | burst:SIZE@PERIOD | trace:PATH")
+    ] = "offline",
+    hard_share: Annotated[float, typer.Option(help="Share of prompts that never pass.")] = 0.0,
+    max_attempts: Annotated[int, typer.Option(help="Attempts per prompt, first included.")] = 4,
+    max_batch_size: Annotated[int | None, typer.Option(help="Cap below the profile's.")] = None,
+    max_queue_delay: Annotated[float, typer.Option(help="Dynamic mode delay cap, s.")] = 0.5,
+    preferred_sizes: Annotated[str, typer.Option(help="Dynamic mode, e.g. 16,32,64.")] = "",
+    windows: Annotated[
+        str, typer.Option(help="Window mode: always | every=P,length=L | S-E,...")
+    ] = "always",
+    workers: Annotated[int, typer.Option(help="Render workers of the profile's device.")] = 1,
+    deadline_s: Annotated[float | None, typer.Option(help="Per-request deadline, s.")] = None,
+    jitter: Annotated[float, typer.Option(help="Relative latency noise, 0..1.")] = 0.0,
+    price_per_hour: Annotated[float, typer.Option(help="Price of one device-hour.")] = 2.0,
+    seed: Annotated[int, typer.Option(help="Seed of arrivals, failures and noise.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Simulate each mode on the profile's cost curve and compare GPU-hours and latency."""
+    try:
+        prof = load_profile(profile)
+        policies = {
+            m: make_policy(
+                m,
+                max_batch_size=max_batch_size,
+                max_queue_delay_s=max_queue_delay,
+                preferred=preferred_sizes,
+                windows=windows,
+            )
+            for m in parse_modes(modes)
+        }
+        arr = tuple(arrivals(arrival, renders, random.Random(seed)))
+        cfg = SimConfig(
+            prof, arr, failure_rate=failure_rate, hard_share=hard_share,
+            max_attempts=max_attempts, render_workers=workers, seed=seed, jitter=jitter,
+            deadline_s=deadline_s, price_per_hour=price_per_hour,
+        )  # fmt: skip
+        results = {m: simulate(p, cfg) for m, p in policies.items()}
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if as_json:
+        out: dict[str, Any] = {
+            "profile": {"name": prof.name, "source": dict(prof.source)},
+            "renders": renders,
+            "failure_rate": failure_rate,
+            "arrival": arrival,
+            "seed": seed,
+            "modes": {m: r.to_dict() for m, r in results.items()},
+        }
+        typer.echo(json.dumps(out, indent=2, sort_keys=True))
+        return
+    console = Console()
+    console.print(
+        f"profile [bold]{prof.name}[/] ({prof.source['kind']}): {prof.model} on "
+        f"{prof.device_class} {prof.precision}, {prof.width}x{prof.height}; "
+        f"{renders} prompts, failure rate {failure_rate}, arrival {arrival}"
+    )
+    render_table(results, console)

@@ -1,0 +1,227 @@
+"""Unit tests of the scheduler on a fake clock (plain numbers; no sleeps)."""
+
+from __future__ import annotations
+
+import pytest
+
+from renderq.core.admission import AdmissionConfig
+from renderq.core.cost import LatencyCurve, StageCost
+from renderq.core.errors import ConfigError, InvalidTransition, UnknownRequest
+from renderq.core.events import Accepted, Cancelled, Escalated, Regenerating, ToScore
+from renderq.core.policies import AdHoc, Dynamic, Window, Windows
+from renderq.core.qa import QAPolicy
+from renderq.core.scheduler import Scheduler
+from renderq.core.seeds import seed_for
+from renderq.core.types import (
+    BatchResult,
+    ItemResult,
+    Request,
+    RequestState,
+    ScoreResult,
+    check_transition,
+)
+from tests.core.driver import key
+
+K0, K1 = key(0), key(1)
+
+
+def req(i: int, k=K0, priority: int = 0, deadline: float | None = None) -> Request:
+    return Request(
+        f"r{i}", f"prompt {i}", k, base_seed=100 + i, priority=priority, deadline=deadline
+    )
+
+
+def ok(
+    batch_id: int, reqs: list[Request], seconds: float = 1.0, fitted: int | None = None
+) -> BatchResult:
+    return BatchResult(
+        batch_id, tuple(ItemResult(r.id, r.id) for r in reqs), seconds, "gpu0", fitted
+    )
+
+
+def test_dynamic_cuts_full_batch_at_once_and_partial_after_delay() -> None:
+    s = Scheduler(Dynamic(max_queue_delay_s=0.5, batch_size=4))
+    for i in range(6):
+        s.submit(req(i), now=0.0)
+    [b] = s.schedule(0.0, {"gpu0": 1})
+    assert [r.id for r in b.requests] == ["r0", "r1", "r2", "r3"]
+    assert s.schedule(0.1, {"gpu0": 1}) == []
+    assert s.next_wakeup(0.1) == 0.5
+    [b2] = s.schedule(0.5, {"gpu0": 1})
+    assert b2.size == 2 and s.next_wakeup(0.5) is None
+
+
+def test_preferred_size_cuts_before_the_delay() -> None:
+    s = Scheduler(Dynamic(max_queue_delay_s=10, batch_size=16, preferred_sizes=(2, 4)))
+    for i in range(5):
+        s.submit(req(i), now=0.0)
+    [b] = s.schedule(0.0, {"gpu0": 1})
+    assert b.size == 4
+
+
+def test_one_key_waiting_never_blocks_another() -> None:
+    s = Scheduler(Dynamic(max_queue_delay_s=5, batch_size=2))
+    s.submit(req(0, K0), 0.0)  # K0 waits for its delay
+    s.submit(req(1, K1), 0.0)
+    s.submit(req(2, K1), 0.0)  # K1 is full
+    [b] = s.schedule(0.0, {"gpu0": 2})
+    assert b.key == K1
+
+
+def test_higher_priority_first_within_and_across_keys() -> None:
+    s = Scheduler(AdHoc())
+    s.submit(req(0, K0, priority=0), 0.0)
+    s.submit(req(1, K1, priority=0), 0.0)
+    s.submit(req(2, K1, priority=5), 1.0)
+    s.submit(req(3, K0, priority=9), 2.0)
+    order = [s.schedule(3.0, {"gpu0": 1})[0].requests[0].id for _ in range(1)]
+    batches = s.schedule(3.0, {"gpu0": 3})
+    order += [b.requests[0].id for b in batches]
+    assert order == ["r3", "r2", "r0", "r1"]
+
+
+def test_accept_regenerate_escalate_with_seed_schedule() -> None:
+    s = Scheduler(AdHoc(), qa=QAPolicy(threshold=0.5, max_attempts=2))
+    s.submit(req(0), 0.0)
+    s.submit(req(1), 0.0)
+    b0, b1 = s.schedule(0.0, {"gpu0": 2})
+    ev = s.on_result(ok(b0.id, list(b0.requests)), 1.0) + s.on_result(
+        ok(b1.id, list(b1.requests)), 1.0
+    )
+    assert all(isinstance(e, ToScore) for e in ev)
+    ev = s.on_scores(["r0", "r1"], ScoreResult((0.9, 0.1), 0.2, "gpu0"), 1.5)
+    assert isinstance(ev[0], Accepted) and ev[0].score == 0.9
+    assert isinstance(ev[1], Regenerating)
+    nxt = ev[1].next_request
+    assert nxt is not None and nxt.attempt == 1 and nxt.seed == seed_for(101, 1) != 101
+    [b2] = s.schedule(1.5, {"gpu0": 1})
+    s.on_result(ok(b2.id, list(b2.requests)), 2.0)
+    [esc] = s.on_scores(["r1"], ScoreResult((0.2,), 0.1, "gpu0"), 2.5)
+    assert isinstance(esc, Escalated)
+    assert [(h.attempt, h.seed, h.score) for h in esc.history] == [
+        (0, 101, 0.1),
+        (1, seed_for(101, 1), 0.2),
+    ]
+    assert s.state("r0") is RequestState.ACCEPTED and s.state("r1") is RequestState.ESCALATED
+    rep = s.ledger.report()
+    assert rep.seconds["render"] == 2.0 and rep.seconds["regen"] == 1.0
+    assert rep.seconds["score"] == pytest.approx(0.2) and rep.seconds["rescore"] == pytest.approx(
+        0.1
+    )
+
+
+def test_item_error_fails_only_that_item() -> None:
+    s = Scheduler(Dynamic(0, 4), qa=QAPolicy(threshold=0.5, max_attempts=3))
+    reqs = [req(i) for i in range(3)]
+    for r in reqs:
+        s.submit(r, 0.0)
+    [b] = s.schedule(0.0, {"gpu0": 1})
+    items = (ItemResult("r0", "img"), ItemResult("r1", error="nan image"), ItemResult("r2", "img"))
+    ev = s.on_result(BatchResult(b.id, items, 3.0, "gpu0"), 1.0)
+    kinds = {e.request.id: type(e).__name__ for e in ev}
+    assert kinds == {"r0": "ToScore", "r1": "Regenerating", "r2": "ToScore"}
+    assert s.request("r1").attempt == 1 and s.history("r1")[0].error == "nan image"
+
+
+def test_missing_item_is_retried_not_lost() -> None:
+    s = Scheduler(Dynamic(0, 4))
+    s.submit(req(0), 0.0)
+    s.submit(req(1), 0.0)
+    [b] = s.schedule(0.0, {"gpu0": 1})
+    ev = s.on_result(BatchResult(b.id, (ItemResult("r0", "img"),), 1.0, "gpu0"), 1.0)
+    assert {type(e).__name__ for e in ev} == {"ToScore", "Regenerating"}
+    assert s.state("r1") is RequestState.QUEUED
+
+
+def test_fitted_cap_lowers_the_key_cap_for_the_rest_of_the_run() -> None:
+    s = Scheduler(Dynamic(0, 8))
+    for i in range(20):
+        s.submit(req(i), 0.0)
+    [b] = s.schedule(0.0, {"gpu0": 1})
+    assert b.size == 8
+    s.on_result(ok(b.id, list(b.requests), fitted=4), 1.0)
+    assert s.cap(K0) == 4
+    [b2] = s.schedule(1.0, {"gpu0": 1})
+    assert b2.size == 4 and b2.cap == 4
+
+
+def test_lost_batch_is_requeued_with_the_same_attempt() -> None:
+    s = Scheduler(Dynamic(0, 4))
+    for i in range(3):
+        s.submit(req(i), 0.0)
+    [b] = s.schedule(0.0, {"gpu0": 1})
+    s.on_lost(b.id, 1.0)
+    assert all(s.state(f"r{i}") is RequestState.QUEUED for i in range(3))
+    [b2] = s.schedule(1.0, {"gpu0": 1})
+    assert sorted(r.id for r in b2.requests) == ["r0", "r1", "r2"]
+    assert all(r.attempt == 0 for r in b2.requests)
+    with pytest.raises(UnknownRequest):
+        s.on_lost(b.id, 2.0)
+
+
+def test_cancel_queued_now_and_running_on_return() -> None:
+    s = Scheduler(AdHoc())
+    s.submit(req(0), 0.0)
+    s.submit(req(1), 0.0)
+    [b] = s.schedule(0.0, {"gpu0": 1})
+    assert s.cancel("r0", 0.1) == []  # running: takes effect on return
+    [c] = s.cancel("r1", 0.1)
+    assert isinstance(c, Cancelled) and s.queue_depths() == {}
+    [c0] = s.on_result(ok(b.id, list(b.requests)), 1.0)
+    assert isinstance(c0, Cancelled)
+    assert s.idle() and s.cancel("r0", 2.0) == []
+
+
+def test_admission_rejects_full_queue_and_impossible_deadline_at_once() -> None:
+    cost = StageCost(LatencyCurve((1, 4), (1.0, 2.0)))
+    s = Scheduler(
+        Dynamic(0.1, 4), cost=lambda k: cost, admission=AdmissionConfig(max_queue_per_key=5)
+    )
+    for i in range(5):
+        assert s.submit(req(i), 0.0).admitted
+    full = s.submit(req(5), 0.0)
+    assert not full.admitted and full.reason == "queue_full" and "limit 5" in full.detail
+    assert s.state("r5") is RequestState.REJECTED
+    late = s.submit(req(6, K1, deadline=0.5), 0.0)
+    assert not late.admitted and late.reason == "deadline"
+    assert s.submit(req(7, K1, deadline=5.0), 0.0).admitted
+    # Behind 5 queued K0 requests: 2 batches of 4 -> 2 s + 1 s ... finish at 3 s.
+    assert not s.submit(req(8, K0, deadline=2.5), 0.0).admitted
+
+
+def test_duplicate_submit_and_bad_transitions_are_errors() -> None:
+    s = Scheduler(AdHoc())
+    s.submit(req(0), 0.0)
+    with pytest.raises(ConfigError, match="r0"):
+        s.submit(req(0), 0.0)
+    with pytest.raises(UnknownRequest, match="nope"):
+        s.state("nope")
+    with pytest.raises(InvalidTransition, match="accepted"):
+        check_transition(RequestState.ACCEPTED, RequestState.QUEUED)
+
+
+def test_window_waits_for_the_window_and_for_regens_to_fill() -> None:
+    s = Scheduler(Window(Windows(explicit=((10.0, 20.0),)), batch_size=4))
+    for i in range(5):
+        s.submit(req(i), 0.0)
+    assert s.schedule(0.0, {"gpu0": 1}) == []
+    assert s.next_wakeup(0.0) == 10.0
+    [b] = s.schedule(10.0, {"gpu0": 2})  # full batch; the partial waits: r0..r3 in flight
+    assert b.size == 4
+    assert s.schedule(10.0, {"gpu0": 1}) == []
+    s.on_result(ok(b.id, list(b.requests)), 11.0)
+    s.on_scores([r.id for r in b.requests], ScoreResult((0.9,) * 4, 0.1, "gpu0"), 11.5)
+    [b2] = s.schedule(11.5, {"gpu0": 1})  # nothing in flight now: the partial goes
+    assert b2.size == 1
+
+
+def test_window_batches_finish_before_the_window_closes() -> None:
+    cost = StageCost(LatencyCurve((1, 8), (1.0, 4.0)))  # 1.0, 1.43, ..., 2.71 (5), 3.14 (6)
+    s = Scheduler(Window(Windows(explicit=((0.0, 3.0),)), batch_size=8), cost=lambda k: cost)
+    for i in range(8):
+        s.submit(req(i), 0.0)
+    [b] = s.schedule(0.0, {"gpu0": 1})
+    assert b.size == 5 and cost.latency(5) <= 3.0 < cost.latency(6)
+    s.on_lost(b.id, 2.5)
+    assert s.schedule(2.5, {"gpu0": 1}) == []  # 0.5 s left fits not even one
+    assert s.next_wakeup(2.5) is None and s.queue_depths() == {K0: 8}

@@ -1,0 +1,105 @@
+"""The simulator on the article's worked case and on small cases with known answers."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+
+import pytest
+
+from renderq.core.errors import ConfigError
+from renderq.core.policies import AdHoc, Dynamic, Window, Windows
+from renderq.engine.arrivals import Arrival, arrivals, read_trace, write_trace
+from renderq.engine.sim import SimConfig, SimResult, simulate
+from renderq.profiles import load_profile
+
+PROFILE = load_profile("article-sdxl-a100")
+
+
+def run(policy, n: int = 2000, **kw) -> SimResult:  # type: ignore[no-untyped-def]
+    arr = tuple(arrivals(kw.pop("arrival", "offline"), n, random.Random(kw.get("seed", 0))))
+    return simulate(policy, SimConfig(PROFILE, arr, **kw))
+
+
+@pytest.fixture(scope="module")
+def article() -> dict[str, SimResult]:
+    return {p.name: run(p, 10_000, price_per_hour=2.0) for p in (AdHoc(), Dynamic(0.5), Window())}
+
+
+def test_window_costs_under_0_7_of_adhoc_on_the_article_case(article: dict[str, SimResult]) -> None:
+    ratio = article["window"].ledger.total_seconds / article["adhoc"].ledger.total_seconds
+    assert ratio < 0.7
+    # The curve itself: 0.68 / 1.12 per image, plus batched scoring; render alone is exact.
+    render = article["window"].ledger.seconds["render"] / article["adhoc"].ledger.seconds["render"]
+    assert render == pytest.approx(0.68 / 1.12, rel=0.01)
+    for r in article.values():
+        assert r.accepted + r.escalated == 10_000 and r.unfinished == 0 and r.rejected == 0
+
+
+def test_regeneration_cost_follows_rerenders_times_per_image_cost(
+    article: dict[str, SimResult],
+) -> None:
+    adhoc = article["adhoc"]
+    assert adhoc.ledger.seconds["regen"] == pytest.approx(adhoc.rerenders * 1.12)
+    assert adhoc.renders == 10_000 + adhoc.rerenders
+    # Expected re-renders at 8% with 4 attempts: N (p + p^2 + p^3) = 869.
+    assert 780 < adhoc.rerenders < 960
+
+
+def test_doubling_the_failure_rate_raises_regeneration_accordingly() -> None:
+    low, high = run(AdHoc(), 4000, failure_rate=0.08), run(AdHoc(), 4000, failure_rate=0.16)
+    ratio = high.ledger.seconds["regen"] / low.ledger.seconds["regen"]
+    expected = (0.16 + 0.16**2 + 0.16**3) / (0.08 + 0.08**2 + 0.08**3)
+    assert ratio == pytest.approx(expected, rel=0.15)
+    assert high.ledger.seconds["regen"] == pytest.approx(high.rerenders * 1.12)
+
+
+def test_hard_prompts_end_escalated_after_the_whole_budget() -> None:
+    r = run(Window(), 1000, failure_rate=0.0, hard_share=0.1, max_attempts=3)
+    assert 60 < r.escalated < 140 and r.accepted + r.escalated == 1000
+    assert r.rerenders == r.escalated * 2
+
+
+def test_same_seed_gives_byte_identical_output() -> None:
+    a = run(Dynamic(0.5), 500, arrival="poisson:20", jitter=0.05, seed=3)
+    b = run(Dynamic(0.5), 500, arrival="poisson:20", jitter=0.05, seed=3)
+    c = run(Dynamic(0.5), 500, arrival="poisson:20", jitter=0.05, seed=4)
+    dump = lambda r: json.dumps(r.to_dict(), sort_keys=True)  # noqa: E731
+    assert dump(a) == dump(b) and dump(a) != dump(c)
+
+
+def test_deadlines_reject_at_admission_under_overload() -> None:
+    r = run(Dynamic(0.5), 600, arrival="poisson:50", deadline_s=60.0)
+    assert r.rejected > 0 and r.accepted + r.escalated + r.rejected == 600
+
+
+def test_windows_hold_work_until_they_open() -> None:
+    r = run(Window(Windows(explicit=((100.0, 1e9),))), 64, failure_rate=0.0)
+    assert r.percentile(50) is not None and r.percentile(50) > 100.0  # type: ignore[operator]
+    # A 1 s window fits no 1.12 s render: nothing runs, nothing is lost, all stay queued.
+    closed = run(Window(Windows(explicit=((1000.0, 1001.0),))), 64, arrival="burst:32@2000")
+    assert closed.unfinished == 64 and closed.renders == 0
+    # A 30 s window fits one batch of 26 (1.12 + 0.673 * 25 = 17.9 s ... up to 30 s).
+    short = run(Window(Windows(explicit=((0.0, 30.0),))), 64, failure_rate=0.0)
+    assert short.batch_sizes and short.makespan_s <= 30.0 + 1.0  # scoring may end after
+
+
+def test_arrival_processes_and_traces(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    rng = random.Random(0)
+    p = arrivals("poisson:10", 5000, rng)
+    assert all(b.t >= a.t for a, b in itertools.pairwise(p))
+    assert 5000 / p[-1].t == pytest.approx(10, rel=0.05)
+    assert [a.t for a in arrivals("burst:3@10", 7, rng)] == [0, 0, 0, 10, 10, 10, 20]
+    path = tmp_path / "t.jsonl"
+    write_trace(path, [Arrival(1.5, 2, 30.0), Arrival(0.5)])
+    back = read_trace(path)
+    assert [a.t for a in back] == [0.5, 1.5] and back[1].priority == 2 and back[1].deadline_s == 30
+    assert len(arrivals(f"trace:{path}", 1, rng)) == 1
+    (tmp_path / "bad.txt").write_text("0.1\nfoo\n")
+    with pytest.raises(ConfigError, match=r"bad\.txt:2"):
+        read_trace(tmp_path / "bad.txt")
+    with pytest.raises(ConfigError, match="poisson:-1"):
+        arrivals("poisson:-1", 3, rng)
+    with pytest.raises(ConfigError, match="weird"):
+        arrivals("weird", 3, rng)
