@@ -32,6 +32,7 @@ from renderq.core.policies import Policy, QueueView
 from renderq.core.qa import QAPolicy, Verdict
 from renderq.core.types import (
     TERMINAL,
+    TRANSITIONS,
     Batch,
     BatchKey,
     BatchResult,
@@ -42,6 +43,7 @@ from renderq.core.types import (
 )
 
 _S = RequestState
+_ADMITTED = Admission(True)
 CostLookup = Callable[[BatchKey], StageCost | None]
 
 
@@ -98,6 +100,7 @@ class Scheduler:
         self._running: dict[int, Batch] = {}
         self._batch_ids = itertools.count(1)
         self._cost_cache: dict[BatchKey, StageCost | None] = {}
+        self._base_caps: dict[BatchKey, int] = {}
 
     # -- inspection ---------------------------------------------------------------------
 
@@ -145,6 +148,9 @@ class Scheduler:
         rec = _Record(request)
         self._records[request.id] = rec
         q = self._queue(request.key)
+        if self._admission.max_queue_per_key is None and request.deadline is None:
+            self._enqueue(rec, q, now)
+            return _ADMITTED
         cost = self._stage_cost(request.key)
         verdict = admit(
             self._admission,
@@ -267,8 +273,10 @@ class Scheduler:
         events: list[Event] = []
         for rec, score in zip(recs, result.scores, strict=True):
             self._queues[rec.request.key].inflight -= 1
-            last = rec.history[-1]
-            rec.history[-1] = dataclasses.replace(last, score=score)
+            h = rec.history[-1]
+            rec.history[-1] = AttemptRecord(
+                h.attempt, h.seed, h.batch_id, h.batch_size, score=score, error=h.error
+            )
             if rec.cancel_requested:
                 self._move(rec, _S.CANCELLED)
                 events.append(Cancelled(rec.request, tuple(rec.history)))
@@ -355,13 +363,16 @@ class Scheduler:
         )
 
     def _cap(self, key: BatchKey, q: _KeyQueue | None) -> int:
-        cost = self._stage_cost(key)
-        caps = [self._default_cap if cost is None else cost.cap()]
-        if self.policy.max_batch_size is not None:
-            caps.append(self.policy.max_batch_size)
+        base = self._base_caps.get(key)
+        if base is None:
+            cost = self._stage_cost(key)
+            base = self._default_cap if cost is None else cost.cap()
+            if self.policy.max_batch_size is not None:
+                base = min(base, self.policy.max_batch_size)
+            base = self._base_caps[key] = max(1, base)
         if q is not None and q.cap_override is not None:
-            caps.append(q.cap_override)
-        return max(1, min(caps))
+            return max(1, min(base, q.cap_override))
+        return base
 
     def _stage_cost(self, key: BatchKey) -> StageCost | None:
         if key not in self._cost_cache:
@@ -382,7 +393,8 @@ class Scheduler:
 
     @staticmethod
     def _move(rec: _Record, new: RequestState) -> None:
-        check_transition(rec.state, new)
+        if new not in TRANSITIONS[rec.state]:
+            check_transition(rec.state, new)  # raises with the message
         rec.state = new
 
 

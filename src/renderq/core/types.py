@@ -78,12 +78,21 @@ class BatchKey:
     precision: str
     device_class: str
     prompt_bucket: int = 0
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
         if self.width <= 0 or self.height <= 0:
             raise ConfigError(f"resolution must be positive, got {self.width}x{self.height}")
         if self.steps <= 0:
             raise ConfigError(f"steps must be positive, got {self.steps}")
+        # Keys are hashed on every queue lookup; hashing nine fields each time is the
+        # scheduler's largest single cost, so the hash is computed once.
+        fields = (self.model, self.width, self.height, self.steps, self.guidance,
+                  self.sampler, self.precision, self.device_class, self.prompt_bucket)  # fmt: skip
+        object.__setattr__(self, "_hash", hash(fields))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def label(self) -> str:
         """A short human-readable form, used in logs and metrics labels."""
