@@ -22,3 +22,6 @@ def version() -> None:
 
 
 app.command("simulate")(simulate_command)
+from renderq.cli.run import run as run_command  # noqa: E402, I001
+
+app.command("run")(run_command)

@@ -1,0 +1,138 @@
+"""``renderq run``: a prompts file in, a quality-gated image dataset out."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from renderq.core.errors import RenderqError
+from renderq.engine.models import DEFAULT_MODEL, DEFAULT_SCORER
+from renderq.engine.summary import Progress, RunSummary
+
+
+def run(
+    prompts: Path = typer.Argument(..., help="Text file (one prompt a line) or JSONL file."),
+    out: Path = typer.Option(..., "--out", help="Output folder (re-run to resume)."),
+    mode: str = typer.Option("window", help="Batching: adhoc, dynamic or window."),
+    model: str = typer.Option(DEFAULT_MODEL, help="Diffusers pipeline: folder, hub id, embedded:*."),
+    scorer: str = typer.Option(DEFAULT_SCORER, help="CLIP model: folder, hub id, embedded:*."),
+    threshold: float = typer.Option(0.25, help="Accept images whose CLIP score is at least this."),
+    max_attempts: int = typer.Option(3, help="Renders per prompt in all, first one included."),
+    max_batch_size: int = typer.Option(16, help="Largest render batch."),
+    steps: int = typer.Option(20, help="Denoising steps (a JSONL line may override)."),
+    guidance: float = typer.Option(7.5, help="Classifier-free guidance scale."),
+    device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
+    precision: str = typer.Option("fp32", help="fp32, fp16 or bf16."),
+    seed: int = typer.Option(0, help="Base seed; prompt i gets seed + i unless its line sets one."),
+    clipscore_scale: bool = typer.Option(
+        False, "--clipscore-scale", help="Score as 100*max(cos, 0) instead of cosine."
+    ),
+    max_queue_delay: float = typer.Option(0.5, help="Dynamic mode: longest wait for a batch, s."),
+    threads: int = typer.Option(0, help="CPU threads for torch (0: torch's default)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object."),
+) -> None:
+    """Render every prompt, gate it with CLIP, regenerate failures, write a dataset."""
+    from renderq.engine.job import RunSettings, run_job
+
+    try:
+        settings = RunSettings(
+            prompts=prompts,
+            out=out,
+            mode=mode,
+            model=model,
+            scorer=scorer,
+            threshold=threshold,
+            max_attempts=max_attempts,
+            max_batch_size=max_batch_size,
+            steps=steps,
+            guidance=guidance,
+            device=device,
+            precision=precision,
+            seed=seed,
+            scale100=clipscore_scale,
+            max_queue_delay_s=max_queue_delay,
+        )
+        if threads > 0:
+            import torch
+
+            torch.set_num_threads(threads)
+        with _ProgressBar(enabled=sys.stderr.isatty() and not as_json) as bar:
+            summary = run_job(settings, on_progress=bar.update)
+    except RenderqError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(summary.to_dict(), sort_keys=True))
+    else:
+        print_summary(summary)
+
+
+class _ProgressBar:
+    """A rich progress bar on stderr: rendered, accepted, regenerating, escalated, rate, ETA."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._progress: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> _ProgressBar:
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            self._progress = Progress(
+                TextColumn("[bold]renderq"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[detail]}"),
+                console=Console(stderr=True),
+            )
+            self._progress.start()
+        return self
+
+    def update(self, p: Progress) -> None:
+        """Redraw from the job's counters."""
+        if self._progress is None:
+            return
+        eta = p.eta_s()
+        detail = (
+            f"rendered {p.rendered}  accepted {p.accepted}  regenerating {p.regenerated}  "
+            f"escalated {p.escalated}  {p.images_per_s():.2f} img/s  "
+            f"ETA {'?' if eta is None else f'{eta:.0f}s'}"
+        )
+        if self._task is None:
+            self._task = self._progress.add_task("run", total=p.total, detail=detail)
+        self._progress.update(self._task, completed=p.done, detail=detail)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+def print_summary(summary: RunSummary) -> None:
+    """The end-of-run table: device time by stage, per 10k accepted, outcomes, batch size."""
+    from rich.console import Console
+    from rich.table import Table
+
+    d = summary.to_dict()
+    table = Table(title=f"renderq run ({summary.mode}) -> {summary.out}")
+    table.add_column("stage")
+    table.add_column("device-seconds", justify="right")
+    table.add_column("GPU-hours", justify="right")
+    for stage in ("render", "regen", "score", "rescore", "total"):
+        table.add_row(stage, f"{d['device_seconds'][stage]:.2f}", f"{d['gpu_hours'][stage]:.5f}")
+    console = Console()
+    console.print(table)
+    per10k = d["gpu_hours_per_10k_accepted"]
+    per_img = d["device_seconds_per_accepted"]
+    console.print(
+        f"accepted {summary.accepted}/{summary.prompts}, escalated {summary.escalated}, "
+        f"pending {summary.pending}; GPU-hours per 10k accepted: "
+        f"{'-' if per10k is None else f'{per10k:.3f}'}; device-s per accepted image: "
+        f"{'-' if per_img is None else f'{per_img:.3f}'}; mean batch size "
+        f"{summary.mean_batch_size:.2f} over {summary.batches} batches; wall {summary.wall_s:.1f}s"
+    )
