@@ -1,0 +1,461 @@
+"""A render job: prompts file in, quality-gated dataset and ledger out, resumable.
+
+``run_job`` is what ``renderq run`` does: read and check the prompts, take the output
+folder's lock, open (or resume) the job store, load the model and scorer, submit every
+prompt that is not finished yet and drive the real-time engine until each one is
+accepted or escalated. :class:`JobListener` commits every step: accepted images are
+written atomically first, then the store records the step in one transaction, then the
+metadata and review lines are appended.
+
+Resuming: the store is the truth. Accepted and escalated prompts are skipped; a prompt
+in flight when the previous run died is resubmitted at the attempt after its last ended
+(scored or failed) attempt, or at the same attempt if that one never ended. Stray images
+whose acceptance never reached the store are deleted, and the ledger continues from
+the rows already booked.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from renderq.core.errors import ConfigError
+from renderq.core.events import Accepted, Escalated, Regenerating
+from renderq.core.ledger import Ledger
+from renderq.core.policies import AdHoc, Dynamic, Policy, Window, Windows
+from renderq.core.qa import QAPolicy
+from renderq.core.scheduler import Scheduler
+from renderq.core.seeds import seed_for
+from renderq.core.types import Batch, BatchKey, Request, Stage
+from renderq.engine.models import DEFAULT_MODEL, DEFAULT_SCORER, resolve
+from renderq.engine.prompts import PromptSpec, file_digest, read_prompts
+from renderq.engine.realtime import RealtimeEngine, Step
+from renderq.engine.summary import Progress, RunSummary, summarise
+from renderq.executors.diffusers import DiffusersExecutor
+from renderq.output.dataset import METADATA, REVIEW, DatasetWriter
+from renderq.scoring.base import Scorer
+from renderq.scoring.clip import ClipScorer
+from renderq.store.lock import FolderLock
+from renderq.store.sqlite import (
+    AttemptRow,
+    JobStore,
+    Outcome,
+    PromptRow,
+    StoredRequest,
+    check_config,
+)
+
+MODES = ("adhoc", "dynamic", "window")
+STORE_NAME = "renderq.sqlite"
+
+
+@dataclass(frozen=True, slots=True)
+class RunSettings:
+    """Everything ``renderq run`` takes on its command line."""
+
+    prompts: Path
+    out: Path
+    mode: str = "window"
+    model: str = DEFAULT_MODEL
+    scorer: str = DEFAULT_SCORER
+    threshold: float = 0.25
+    max_attempts: int = 3
+    max_batch_size: int = 16
+    steps: int = 20
+    guidance: float = 7.5
+    device: str = "cpu"
+    precision: str = "fp32"
+    seed: int = 0
+    scale100: bool = False
+    max_queue_delay_s: float = 0.5
+    score_batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        for name in ("max_attempts", "max_batch_size", "steps", "score_batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(
+                    f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}"
+                )
+        if self.seed < 0:
+            raise ConfigError(f"--seed must be >= 0, got {self.seed}")
+
+    def identity(self, digest: str) -> dict[str, Any]:
+        """The settings that decide the images and verdicts: a resumed job must match them."""
+        return {
+            "prompts_sha256": digest,
+            "model": self.model,
+            "scorer": self.scorer,
+            "threshold": self.threshold,
+            "max_attempts": self.max_attempts,
+            "steps": self.steps,
+            "guidance": self.guidance,
+            "precision": self.precision,
+            "seed": self.seed,
+            "scale100": self.scale100,
+        }
+
+    def policy(self) -> Policy:
+        """The batching policy of ``mode``."""
+        if self.mode == "adhoc":
+            return AdHoc()
+        if self.mode == "dynamic":
+            return Dynamic(max_queue_delay_s=self.max_queue_delay_s, batch_size=self.max_batch_size)
+        return Window(Windows(), batch_size=self.max_batch_size)
+
+
+@dataclass(slots=True)
+class JobListener:
+    """Commits every engine step to the dataset folder and the store; counts progress."""
+
+    store: JobStore
+    writer: DatasetWriter
+    run: int
+    settings: RunSettings
+    prompts: dict[str, PromptRow]
+    progress: Progress
+    config: dict[str, Any] = field(default_factory=dict)
+    on_progress: Callable[[Progress], None] | None = None
+    batch_sizes: list[int] = field(default_factory=list)
+
+    def started(self, batch: Batch) -> None:
+        """Count the batch and its renders."""
+        self.batch_sizes.append(batch.size)
+        self.progress.rendering += batch.size
+
+    def step(self, step: Step) -> None:
+        """Write accepted images, commit the step, then append the dataset lines."""
+        attempts: list[AttemptRow] = []
+        outcomes: list[Outcome] = []
+        for ev in step.events:
+            if not isinstance(ev, Accepted | Regenerating | Escalated):
+                continue
+            last = ev.history[-1]
+            attempts.append(
+                AttemptRow(
+                    ev.request.id,
+                    last.attempt,
+                    last.seed,
+                    last.batch_id,
+                    last.batch_size,
+                    last.score,
+                    last.error,
+                )
+            )
+            if isinstance(ev, Accepted):
+                name = self.writer.write_image(ev.request.id, step.images[ev.request.id])
+                outcomes.append(
+                    Outcome(
+                        ev.request.id,
+                        "accepted",
+                        last.attempt,
+                        ev.score,
+                        name,
+                        last.batch_id,
+                        last.batch_size,
+                    )
+                )
+            elif isinstance(ev, Escalated):
+                outcomes.append(Outcome(ev.request.id, "escalated", last.attempt, last.score))
+        self.store.commit_step(self.run, attempts, outcomes, step.ledger)
+        meta = [
+            metadata_row(
+                self.prompts[o.request_id],
+                o.attempt,
+                o.score,
+                o.file_name,
+                self.run,
+                o.batch_id,
+                o.batch_size,
+                self.config,
+            )
+            for o in outcomes
+            if o.state == "accepted"
+        ]
+        review = [
+            review_row(self.prompts[o.request_id], self.store.attempts_of(o.request_id))
+            for o in outcomes
+            if o.state == "escalated"
+        ]
+        self.writer.append(METADATA, meta)
+        self.writer.append(REVIEW, review)
+        self._count(step)
+
+    def _count(self, step: Step) -> None:
+        p = self.progress
+        if step.kind == "render" and step.batch is not None:
+            p.rendering -= step.batch.size
+            p.rendered += sum(1 for it in (step.render.items if step.render else ()) if it.ok)
+        for ev in step.events:
+            if isinstance(ev, Accepted):
+                p.accepted += 1
+            elif isinstance(ev, Escalated):
+                p.escalated += 1
+            elif isinstance(ev, Regenerating):
+                p.regenerated += 1
+        if self.on_progress is not None:
+            self.on_progress(p)
+
+
+def metadata_row(
+    prompt: PromptRow,
+    attempt: int,
+    score: float | None,
+    file_name: str | None,
+    run: int | None,
+    batch_id: int | None,
+    batch_size: int | None,
+    config: dict[str, Any],
+) -> dict[str, Any]:
+    """One ``metadata.jsonl`` row (Hugging Face ImageFolder: ``file_name`` first)."""
+    spec = prompt.spec
+    return {
+        "file_name": file_name,
+        "id": prompt.id,
+        "prompt": prompt.prompt,
+        "seed": seed_for(prompt.base_seed, attempt),
+        "attempt": attempt,
+        "clip_score": score,
+        "model": config.get("model"),
+        "scorer": config.get("scorer"),
+        "steps": spec["steps"],
+        "guidance": config.get("guidance"),
+        "width": spec["width"],
+        "height": spec["height"],
+        "negative_prompt": spec["negative_prompt"],
+        "batch_id": f"{run}-{batch_id}",
+        "batch_size": batch_size,
+    }
+
+
+def review_row(prompt: PromptRow, attempts: Sequence[AttemptRow]) -> dict[str, Any]:
+    """One ``review.jsonl`` row: the prompt and every attempt's seed, score and error."""
+    return {
+        "id": prompt.id,
+        "prompt": prompt.prompt,
+        "attempts": [
+            {
+                "attempt": a.attempt,
+                "seed": a.seed,
+                "clip_score": a.score,
+                "error": a.error,
+                "batch_id": f"{a.run}-{a.batch_id}",
+                "batch_size": a.batch_size,
+            }
+            for a in attempts
+        ],
+    }
+
+
+def build_prompt_rows(
+    specs: Sequence[PromptSpec], settings: RunSettings, executor: DiffusersExecutor
+) -> list[PromptRow]:
+    """Resolve each prompt's seed, size and steps; a size the model cannot do is an error."""
+    default_w, default_h = executor.default_size()
+    rows = []
+    for i, s in enumerate(specs):
+        w, h = s.width or default_w, s.height or default_h
+        try:
+            executor.check_size(w, h)
+        except ConfigError as exc:
+            raise ConfigError(f"{settings.prompts}:{s.line}: {exc}") from None
+        spec = {
+            "width": w,
+            "height": h,
+            "steps": s.steps or settings.steps,
+            "negative_prompt": s.negative_prompt,
+        }
+        seed = s.seed if s.seed is not None else settings.seed + i
+        rows.append(PromptRow(f"p{i:06d}", i, s.prompt, seed, spec))
+    return rows
+
+
+def _request(row: StoredRequest, attempt: int, settings: RunSettings, executor: Any) -> Request:
+    spec = row.prompt.spec
+    key = BatchKey(
+        model=settings.model,
+        width=spec["width"],
+        height=spec["height"],
+        steps=spec["steps"],
+        guidance=settings.guidance > 1.0,
+        sampler=executor.sampler,
+        precision=settings.precision,
+        device_class=executor.device_class,
+    )
+    return Request(
+        id=row.prompt.id,
+        prompt=row.prompt.prompt,
+        key=key,
+        base_seed=row.prompt.base_seed,
+        attempt=attempt,
+        guidance_scale=settings.guidance,
+        negative_prompt=spec["negative_prompt"],
+    )
+
+
+def restore_ledger(store: JobStore) -> Ledger:
+    """A ledger holding every booking already in the store, and the accepted count."""
+    ledger = Ledger()
+    for stage, dev, secs in store.ledger_entries():
+        ledger.book(Stage(stage), dev, secs)
+    ledger.count_accepted(store.counts().get("accepted", 0))
+    return ledger
+
+
+def resume_points(store: JobStore, max_attempts: int) -> tuple[dict[str, int], list[str]]:
+    """For each pending prompt, the attempt to submit; and those already out of attempts."""
+    ended = store.attempts()
+    todo: dict[str, int] = {}
+    exhausted: list[str] = []
+    for row in store.requests("pending"):
+        done = ended.get(row.prompt.id, [])
+        nxt = done[-1].attempt + 1 if done else 0
+        if nxt >= max_attempts:
+            exhausted.append(row.prompt.id)
+        else:
+            todo[row.prompt.id] = nxt
+    return todo, exhausted
+
+
+def run_job(
+    settings: RunSettings,
+    *,
+    executor: DiffusersExecutor | None = None,
+    scorer: Scorer | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> RunSummary:
+    """Run (or resume) the job described by ``settings``; returns the summary."""
+    specs = read_prompts(settings.prompts)
+    policy = settings.policy()
+    settings.out.mkdir(parents=True, exist_ok=True)
+    with FolderLock(settings.out):
+        store = JobStore.open(settings.out / STORE_NAME)
+        try:
+            wanted = settings.identity(file_digest(settings.prompts))
+            stored = store.job_config()
+            if stored is not None:
+                check_config(stored, wanted, settings.out)
+            executor = executor or _load_executor(settings)
+            rows = build_prompt_rows(specs, settings, executor)
+            scorer = scorer or ClipScorer.load(
+                resolve(settings.scorer),
+                device=settings.device,
+                scale100=settings.scale100,
+                name=settings.scorer,
+            )
+            if stored is None:
+                store.create_job(wanted, rows)
+            return _drive(settings, policy, store, executor, scorer, on_progress)
+        finally:
+            store.close()
+
+
+def _load_executor(settings: RunSettings) -> DiffusersExecutor:
+    return DiffusersExecutor.load(
+        resolve(settings.model),
+        device=settings.device,
+        precision=settings.precision,
+        name=settings.model,
+    )
+
+
+def _drive(
+    settings: RunSettings,
+    policy: Policy,
+    store: JobStore,
+    executor: DiffusersExecutor,
+    scorer: Scorer,
+    on_progress: Callable[[Progress], None] | None,
+) -> RunSummary:
+    started = time.monotonic()
+    writer = DatasetWriter(settings.out)
+    run = store.start_run(os.getpid(), settings.mode)
+    todo, exhausted = resume_points(store, settings.max_attempts)
+    if exhausted:
+        store.commit_step(
+            run, [], [Outcome(r, "escalated", settings.max_attempts - 1) for r in exhausted], []
+        )
+    refresh_views(store, writer)
+    ledger = restore_ledger(store)
+    sched = Scheduler(
+        policy,
+        qa=QAPolicy(threshold=settings.threshold, max_attempts=settings.max_attempts),
+        default_cap=settings.max_batch_size,
+        ledger=ledger,
+    )
+    all_rows = store.requests()
+    counts = store.counts()
+    progress = Progress(
+        total=len(all_rows),
+        accepted=counts.get("accepted", 0),
+        escalated=counts.get("escalated", 0),
+        resumed=len(all_rows) - len(todo) - counts.get("accepted", 0) - counts.get("escalated", 0),
+    )
+    listener = JobListener(
+        store,
+        writer,
+        run,
+        settings,
+        {r.prompt.id: r.prompt for r in all_rows},
+        progress,
+        store.job_config() or {},
+        on_progress,
+    )
+    engine = RealtimeEngine(
+        sched,
+        {executor.device_class: executor},
+        scorer,
+        listener,
+        score_batch_size=settings.score_batch_size,
+    )
+    for row in all_rows:
+        if row.prompt.id in todo:
+            engine.submit(_request(row, todo[row.prompt.id], settings, executor))
+    if on_progress is not None:
+        on_progress(progress)
+    engine.run()
+    refresh_views(store, writer)
+    report = sched.ledger.report()
+    writer.write_ledger(report.to_dict())
+    store.finish_run(run)
+    return summarise(
+        settings,
+        store,
+        report,
+        listener.batch_sizes,
+        time.monotonic() - started,
+        submitted=len(todo),
+    )
+
+
+def refresh_views(store: JobStore, writer: DatasetWriter) -> None:
+    """Rewrite metadata/review from the store and delete images the store does not know."""
+    config = store.job_config() or {}
+    accepted = store.requests("accepted")
+    writer.prune({r.file_name for r in accepted if r.file_name})
+    writer.rewrite(
+        METADATA,
+        [
+            metadata_row(
+                r.prompt,
+                r.attempt or 0,
+                r.score,
+                r.file_name,
+                r.run,
+                r.batch_id,
+                r.batch_size,
+                config,
+            )
+            for r in accepted
+        ],
+    )
+    ended = store.attempts()
+    writer.rewrite(
+        REVIEW,
+        [review_row(r.prompt, ended.get(r.prompt.id, [])) for r in store.requests("escalated")],
+    )

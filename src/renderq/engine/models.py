@@ -1,0 +1,57 @@
+"""Model ids: ``embedded:*`` names for the shipped shapes models, anything else as given.
+
+``embedded:mini-sd`` and ``embedded:clip`` resolve to the folders shipped inside
+``renderq.models.shapes``; any other id is passed to ``from_pretrained`` unchanged (a
+local folder or a hub id).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from renderq.core.errors import ConfigError
+
+DEFAULT_MODEL = "embedded:mini-sd"
+"""The text-to-image model ``renderq run`` uses unless told otherwise."""
+
+DEFAULT_SCORER = "embedded:clip"
+"""The CLIP scorer ``renderq run`` uses unless told otherwise."""
+
+EMBEDDED_PREFIX = "embedded:"
+
+# Embedded name -> (function in renderq.models.shapes that returns the folder, folder name
+# under its weights directory used when that function is absent).
+_EMBEDDED: dict[str, tuple[str, str]] = {
+    "mini-sd": ("pipeline_path", "mini-sd"),
+    "clip": ("clip_path", "clip"),
+}
+
+
+def resolve(model_id: str) -> str:
+    """The path or hub id to load for ``model_id``; ``embedded:*`` names become folders."""
+    if not model_id.startswith(EMBEDDED_PREFIX):
+        return model_id
+    name = model_id[len(EMBEDDED_PREFIX) :]
+    if name not in _EMBEDDED:
+        raise ConfigError(
+            f"unknown embedded model {model_id!r}; known: "
+            f"{', '.join(EMBEDDED_PREFIX + n for n in _EMBEDDED)}"
+        )
+    func_name, folder = _EMBEDDED[name]
+    try:
+        shapes = importlib.import_module("renderq.models.shapes")
+    except ImportError as exc:
+        raise ConfigError(f"embedded model {model_id!r} is not available: {exc}") from exc
+    func = getattr(shapes, func_name, None)
+    if callable(func):
+        path = Path(str(func()))
+    else:
+        common = importlib.import_module("renderq.models.shapes.common")
+        path = Path(common.WEIGHTS_DIR) / folder
+    if not path.is_dir():
+        raise ConfigError(
+            f"embedded model {model_id!r} is not installed (no folder {path.name!r} among the "
+            "shipped weights); pass --model/--scorer with a diffusers/CLIP folder or hub id"
+        )
+    return str(path)

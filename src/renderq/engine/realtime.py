@@ -1,0 +1,278 @@
+"""The real-time engine: the scheduler core on a real clock, with real executors.
+
+One step reads like the simulator's: now -> schedule -> run -> score -> decide -> commit
+-> feed results back -> sleep until ``next_wakeup`` or the next result. Rendering and
+scoring are separate stages on separate worker threads (one render worker per device
+class, one scorer worker), so the scorer works on batch N while batch N+1 renders;
+torch releases the GIL inside its kernels, so the stages really overlap.
+
+The engine never decides anything about batching (the scheduler does) and never writes
+anything (its ``Listener`` does): every render or score batch that comes back is fed to
+the scheduler and handed to the listener as one ``Step`` with the events it caused and
+the ledger rows it booked, which the listener commits in one transaction.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from renderq.core.errors import ConfigError
+from renderq.core.events import Admission, Event, ToScore
+from renderq.core.ledger import Ledger
+from renderq.core.scheduler import Scheduler
+from renderq.core.types import Batch, BatchResult, ItemResult, Request, ScoreResult
+from renderq.executors.base import Executor
+from renderq.scoring.base import Scorer
+
+LedgerRow = tuple[str, str, float]
+"""A ledger booking: ``(stage, device_class, seconds)``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One result fed back to the scheduler: what came back and what it caused.
+
+    ``kind`` is ``"render"`` or ``"score"``. For a render step ``batch`` and ``render``
+    are set; for a score step ``scored`` holds the attempts scored and ``score`` the
+    result. ``images`` maps request ids to the images scored in this step.
+    """
+
+    kind: str
+    events: tuple[Event, ...]
+    ledger: tuple[LedgerRow, ...]
+    batch: Batch | None = None
+    render: BatchResult | None = None
+    scored: tuple[Request, ...] = ()
+    score: ScoreResult | None = None
+    images: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Listener(Protocol):
+    """Receives every step; it commits the step (store, dataset) before returning."""
+
+    def started(self, batch: Batch) -> None:
+        """A render batch was cut and handed to a worker."""
+        ...
+
+    def step(self, step: Step) -> None:
+        """A render or score batch came back and was fed to the scheduler."""
+        ...
+
+
+@dataclass(slots=True)
+class _ScoreJob:
+    requests: list[Request]
+    images: list[Any]
+    tries: int = 0
+
+
+_RENDERED, _SCORED, _SCORE_FAILED = "rendered", "scored", "score_failed"
+
+
+class RealtimeEngine:
+    """Drives a :class:`Scheduler` with a real clock until every request is terminal."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        executors: Mapping[str, Executor],
+        scorer: Scorer,
+        listener: Listener,
+        *,
+        score_batch_size: int = 32,
+        score_retries: int = 2,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``executors`` maps each device class to the executor of its one worker."""
+        if not executors:
+            raise ConfigError("the engine needs at least one executor")
+        if score_batch_size < 1:
+            raise ConfigError(f"score batch size must be >= 1, got {score_batch_size}")
+        if score_retries < 0:
+            raise ConfigError(f"score retries must be >= 0, got {score_retries}")
+        self.scheduler = scheduler
+        self.executors = dict(executors)
+        self.scorer = scorer
+        self.listener = listener
+        cap = scheduler.policy.max_batch_size
+        self.score_batch_size = min(score_batch_size, cap) if cap else score_batch_size
+        self.score_retries = score_retries
+        self._clock = clock
+        self._t0 = clock()
+        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._render_q: dict[str, queue.Queue[Batch | None]] = {
+            dc: queue.Queue() for dc in self.executors
+        }
+        self._score_q: queue.Queue[_ScoreJob | None] = queue.Queue()
+        self._free = dict.fromkeys(self.executors, 1)
+        self._scorer_busy = False
+        self._to_score: deque[tuple[Request, Any]] = deque()
+        self._retry: deque[_ScoreJob] = deque()
+        self._stop = threading.Event()
+
+    def now(self) -> float:
+        """Seconds since the engine was created (the scheduler's time axis)."""
+        return self._clock() - self._t0
+
+    def submit(self, request: Request) -> Admission:
+        """Submit a request now."""
+        return self.scheduler.submit(request, self.now())
+
+    def stop(self) -> None:
+        """Ask the loop to stop after the step in progress (results in flight are dropped)."""
+        self._stop.set()
+        self._inbox.put(("wake", None))
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Run until every submitted request is terminal (or :meth:`stop` is called)."""
+        threads = [
+            threading.Thread(
+                target=self._render_worker, args=(dc,), daemon=True, name=f"render-{dc}"
+            )
+            for dc in self.executors
+        ]
+        threads.append(threading.Thread(target=self._score_worker, daemon=True, name="score"))
+        for t in threads:
+            t.start()
+        try:
+            while not self._stop.is_set():
+                self._dispatch()
+                if self._finished():
+                    return
+                wake = self.scheduler.next_wakeup(self.now())
+                timeout = None if wake is None else max(0.0, wake - self.now())
+                try:
+                    msg = self._inbox.get(timeout=timeout)
+                except queue.Empty:
+                    continue
+                self._handle(msg)
+                while True:
+                    try:
+                        self._handle(self._inbox.get_nowait())
+                    except queue.Empty:
+                        break
+        finally:
+            for q in self._render_q.values():
+                q.put(None)
+            self._score_q.put(None)
+            for t in threads:
+                t.join(timeout=60)
+
+    def _finished(self) -> bool:
+        return (
+            self.scheduler.idle()
+            and not self._to_score
+            and not self._retry
+            and not self._scorer_busy
+            and all(n == 1 for n in self._free.values())
+        )
+
+    def _dispatch(self) -> None:
+        now = self.now()
+        for batch in self.scheduler.schedule(now, self._free):
+            self._free[batch.key.device_class] -= 1
+            self.listener.started(batch)
+            self._render_q[batch.key.device_class].put(batch)
+        if self._scorer_busy:
+            return
+        if self._retry:
+            job = self._retry.popleft()
+        elif self._to_score:
+            n = min(self.score_batch_size, len(self._to_score))
+            pairs = [self._to_score.popleft() for _ in range(n)]
+            job = _ScoreJob([r for r, _ in pairs], [im for _, im in pairs])
+        else:
+            return
+        self._scorer_busy = True
+        self._score_q.put(job)
+
+    def _handle(self, msg: tuple[str, Any]) -> None:
+        kind, payload = msg
+        if kind == _RENDERED:
+            batch, result = payload
+            self._free[batch.key.device_class] += 1
+            self._on_rendered(batch, result)
+        elif kind == _SCORED:
+            job, result = payload
+            self._scorer_busy = False
+            self._on_scored(job, result)
+        elif kind == _SCORE_FAILED:
+            job, error = payload
+            self._scorer_busy = False
+            job.tries += 1
+            if job.tries <= self.score_retries:
+                self._retry.append(job)
+            else:
+                n = len(job.requests)
+                failed = ScoreResult((None,) * n, 0.0, self.scorer.device_class, (error,) * n)
+                self._on_scored(job, failed)
+
+    def _on_rendered(self, batch: Batch, result: BatchResult) -> None:
+        before = _snapshot(self.scheduler.ledger)
+        events = tuple(self.scheduler.on_result(result, self.now()))
+        for ev in events:
+            if isinstance(ev, ToScore):
+                self._to_score.append((ev.request, ev.image))
+        rows = _delta(before, self.scheduler.ledger)
+        self.listener.step(Step("render", events, rows, batch=batch, render=result))
+
+    def _on_scored(self, job: _ScoreJob, result: ScoreResult) -> None:
+        before = _snapshot(self.scheduler.ledger)
+        ids = [r.id for r in job.requests]
+        events = tuple(self.scheduler.on_scores(ids, result, self.now()))
+        rows = _delta(before, self.scheduler.ledger)
+        images = dict(zip(ids, job.images, strict=True))
+        self.listener.step(
+            Step("score", events, rows, scored=tuple(job.requests), score=result, images=images)
+        )
+
+    # -- workers ------------------------------------------------------------------------
+
+    def _render_worker(self, device_class: str) -> None:
+        executor = self.executors[device_class]
+        inbox = self._render_q[device_class]
+        while (batch := inbox.get()) is not None:
+            start = time.perf_counter()
+            try:
+                result = executor.run(batch)
+            except Exception as exc:  # an executor must not raise; if it does, fail the items
+                error = f"executor failed: {type(exc).__name__}: {exc}"
+                items = tuple(ItemResult(r.id, error=error) for r in batch.requests)
+                result = BatchResult(batch.id, items, time.perf_counter() - start, device_class)
+            self._inbox.put((_RENDERED, (batch, result)))
+
+    def _score_worker(self) -> None:
+        while (job := self._score_q.get()) is not None:
+            try:
+                result = self.scorer.score(job.images, [r.prompt for r in job.requests])
+            except Exception as exc:
+                self._inbox.put((_SCORE_FAILED, (job, f"{type(exc).__name__}: {exc}")))
+                continue
+            self._inbox.put((_SCORED, (job, result)))
+
+
+def _snapshot(ledger: Ledger) -> dict[tuple[Any, str], float]:
+    return dict(ledger.entries)
+
+
+def _delta(before: Mapping[tuple[Any, str], float], ledger: Ledger) -> tuple[LedgerRow, ...]:
+    """Ledger rows booked since ``before`` (zero-second splits left out)."""
+    rows: list[LedgerRow] = []
+    for (stage, dev), secs in ledger.entries.items():
+        added = secs - before.get((stage, dev), 0.0)
+        if added > 0:
+            rows.append((str(stage.value if hasattr(stage, "value") else stage), dev, added))
+    return tuple(rows)
+
+
+def submit_all(engine: RealtimeEngine, requests: Sequence[Request]) -> list[Admission]:
+    """Submit many requests at the engine's current time."""
+    return [engine.submit(r) for r in requests]

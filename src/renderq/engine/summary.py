@@ -1,0 +1,124 @@
+"""Progress counters while a job runs, and the summary it ends with."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from renderq.core.ledger import LedgerReport
+from renderq.store.sqlite import JobStore
+
+if TYPE_CHECKING:
+    from renderq.engine.job import RunSettings
+
+
+@dataclass(slots=True)
+class Progress:
+    """Live counts of one run; ``accepted`` and ``escalated`` include earlier runs."""
+
+    total: int
+    accepted: int = 0
+    escalated: int = 0
+    rendered: int = 0
+    rendering: int = 0
+    regenerated: int = 0
+    resumed: int = 0
+    started: float = field(default_factory=time.monotonic)
+    accepted_at_start: int = -1
+
+    def __post_init__(self) -> None:
+        if self.accepted_at_start < 0:
+            self.accepted_at_start = self.accepted
+
+    @property
+    def done(self) -> int:
+        """Prompts in a terminal state."""
+        return self.accepted + self.escalated
+
+    def images_per_s(self) -> float:
+        """Images rendered per wall-clock second in this run."""
+        elapsed = time.monotonic() - self.started
+        return self.rendered / elapsed if elapsed > 0 else 0.0
+
+    def eta_s(self) -> float | None:
+        """Seconds until every prompt is terminal, at this run's pace so far."""
+        finished = self.done - self.accepted_at_start
+        elapsed = time.monotonic() - self.started
+        if finished <= 0 or elapsed <= 0:
+            return None
+        return (self.total - self.done) * elapsed / finished
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """What ``renderq run`` prints at the end (``--json`` prints :meth:`to_dict`)."""
+
+    mode: str
+    out: str
+    prompts: int
+    accepted: int
+    escalated: int
+    pending: int
+    submitted: int
+    batches: int
+    mean_batch_size: float
+    wall_s: float
+    runs: int
+    ledger: LedgerReport
+
+    def device_seconds_per_accepted(self) -> float | None:
+        """All booked device-seconds (renders, regenerations and scoring) per accepted image."""
+        if self.accepted == 0:
+            return None
+        return self.ledger.total_seconds / self.accepted
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready summary."""
+        hours = self.ledger.gpu_hours()
+        return {
+            "mode": self.mode,
+            "out": self.out,
+            "prompts": self.prompts,
+            "accepted": self.accepted,
+            "escalated": self.escalated,
+            "pending": self.pending,
+            "submitted_this_run": self.submitted,
+            "runs": self.runs,
+            "batches_this_run": self.batches,
+            "mean_batch_size": self.mean_batch_size,
+            "wall_s": self.wall_s,
+            "gpu_hours": hours,
+            "device_seconds": {k: v * 3600 for k, v in hours.items()},
+            "gpu_hours_per_10k_accepted": self.ledger.per_10k_accepted_hours(),
+            "device_seconds_per_accepted": self.device_seconds_per_accepted(),
+        }
+
+
+def summarise(
+    settings: RunSettings,
+    store: JobStore,
+    report: LedgerReport,
+    batch_sizes: Sequence[int],
+    wall_s: float,
+    *,
+    submitted: int,
+) -> RunSummary:
+    """The summary of a finished run, from the store (whole job) and this run's batches."""
+    counts = store.counts()
+    return RunSummary(
+        mode=settings.mode,
+        out=str(settings.out),
+        prompts=sum(counts.values()),
+        accepted=counts.get("accepted", 0),
+        escalated=counts.get("escalated", 0),
+        pending=counts.get("pending", 0),
+        submitted=submitted,
+        batches=len(batch_sizes),
+        mean_batch_size=statistics.fmean(batch_sizes) if batch_sizes else 0.0,
+        wall_s=wall_s,
+        runs=store.runs(),
+        ledger=report,
+    )

@@ -1,0 +1,305 @@
+"""The SQLite job store: the truth a resumed run starts from.
+
+One database per output folder, in WAL mode, with a schema version in ``meta``. Tables:
+``jobs`` (the job's settings), ``runs`` (each process that worked on it), ``requests``
+(one row per prompt and its terminal state), ``attempts`` (every scored or failed
+attempt: seed, batch, score, error) and ``ledger`` (device-seconds per stage and device
+class, one row per booking). Each scheduler step that changes state (a render batch
+coming back, a score batch coming back) is committed in one transaction with the ledger
+rows it booked, so a crash leaves either all of a step or none of it.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from renderq.core.errors import ConfigError, RenderqError
+
+SCHEMA_VERSION = 1
+"""Version of the tables below; a store with another version is refused."""
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+    id INTEGER PRIMARY KEY, created REAL NOT NULL, config TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, job_id INTEGER NOT NULL REFERENCES jobs(id),
+    started REAL NOT NULL, finished REAL, pid INTEGER NOT NULL, mode TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS requests (
+    id TEXT PRIMARY KEY, job_id INTEGER NOT NULL REFERENCES jobs(id), idx INTEGER NOT NULL,
+    prompt TEXT NOT NULL, base_seed INTEGER NOT NULL, spec TEXT NOT NULL,
+    state TEXT NOT NULL DEFAULT 'pending', attempt INTEGER, score REAL, file_name TEXT,
+    run INTEGER, batch_id INTEGER, batch_size INTEGER, updated REAL);
+CREATE TABLE IF NOT EXISTS attempts (
+    request_id TEXT NOT NULL REFERENCES requests(id), attempt INTEGER NOT NULL,
+    seed INTEGER NOT NULL, run INTEGER NOT NULL, batch_id INTEGER NOT NULL,
+    batch_size INTEGER NOT NULL, score REAL, error TEXT,
+    PRIMARY KEY (request_id, attempt));
+CREATE TABLE IF NOT EXISTS ledger (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, run INTEGER NOT NULL, stage TEXT NOT NULL,
+    device_class TEXT NOT NULL, seconds REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS requests_state ON requests(state);
+"""
+
+
+class StoreError(RenderqError):
+    """A store that cannot be used: another schema version, or a corrupt file."""
+
+
+@dataclass(frozen=True, slots=True)
+class PromptRow:
+    """A prompt of the job as stored: its id, position, text, base seed and render spec."""
+
+    id: str
+    idx: int
+    prompt: str
+    base_seed: int
+    spec: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRow:
+    """One attempt that ended (scored, or failed before scoring)."""
+
+    request_id: str
+    attempt: int
+    seed: int
+    batch_id: int
+    batch_size: int
+    score: float | None
+    error: str | None
+    run: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A terminal state reached by a prompt: ``accepted`` (with its file) or ``escalated``."""
+
+    request_id: str
+    state: str
+    attempt: int
+    score: float | None = None
+    file_name: str | None = None
+    batch_id: int | None = None
+    batch_size: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRequest:
+    """A prompt's row with its current state (``pending``, ``accepted``, ``escalated``)."""
+
+    prompt: PromptRow
+    state: str
+    attempt: int | None
+    score: float | None
+    file_name: str | None
+    run: int | None
+    batch_id: int | None
+    batch_size: int | None
+
+
+class JobStore:
+    """A job's SQLite store. Open with :meth:`open`; close with :meth:`close`."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+        """Wrap an open connection (use :meth:`open`)."""
+        self._conn = conn
+        self.path = path
+
+    @classmethod
+    def open(cls, path: Path) -> JobStore:
+        """Open (creating if needed) the store at ``path``; refuses another schema version."""
+        conn = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            with _tx(conn):
+                conn.executescript(_SCHEMA)
+                row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+                if row is None:
+                    conn.execute(
+                        "INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+                    )
+                elif int(row[0]) != SCHEMA_VERSION:
+                    raise StoreError(
+                        f"store {path} has schema version {row[0]}, this renderq reads "
+                        f"version {SCHEMA_VERSION}"
+                    )
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise StoreError(f"cannot open job store {path}: {exc}") from exc
+        except StoreError:
+            conn.close()
+            raise
+        return cls(conn, path)
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._conn.close()
+
+    # -- the job ------------------------------------------------------------------------
+
+    def job_config(self) -> dict[str, Any] | None:
+        """The settings the job was created with, or None for a new store."""
+        row = self._conn.execute("SELECT config FROM jobs WHERE id=1").fetchone()
+        return None if row is None else dict(json.loads(row[0]))
+
+    def create_job(self, config: dict[str, Any], prompts: Sequence[PromptRow]) -> None:
+        """Record a new job with its settings and every prompt, in one transaction."""
+        with _tx(self._conn):
+            self._conn.execute(
+                "INSERT INTO jobs VALUES (1, ?, ?)",
+                (time.time(), json.dumps(config, sort_keys=True)),
+            )
+            self._conn.executemany(
+                "INSERT INTO requests (id, job_id, idx, prompt, base_seed, spec) "
+                "VALUES (?, 1, ?, ?, ?, ?)",
+                [(p.id, p.idx, p.prompt, p.base_seed, json.dumps(p.spec)) for p in prompts],
+            )
+
+    def start_run(self, pid: int, mode: str) -> int:
+        """Record a process starting work on the job; returns the run number."""
+        with _tx(self._conn):
+            cur = self._conn.execute(
+                "INSERT INTO runs (job_id, started, pid, mode) VALUES (1, ?, ?, ?)",
+                (time.time(), pid, mode),
+            )
+        return int(cur.lastrowid or 0)
+
+    def finish_run(self, run: int) -> None:
+        """Mark a run as finished normally."""
+        with _tx(self._conn):
+            self._conn.execute("UPDATE runs SET finished=? WHERE id=?", (time.time(), run))
+
+    # -- state changes ------------------------------------------------------------------
+
+    def commit_step(
+        self,
+        run: int,
+        attempts: Iterable[AttemptRow],
+        outcomes: Iterable[Outcome],
+        ledger: Iterable[tuple[str, str, float]],
+    ) -> None:
+        """Commit one scheduler step: ended attempts, terminal states and ledger bookings."""
+        now = time.time()
+        with _tx(self._conn):
+            self._conn.executemany(
+                "INSERT OR REPLACE INTO attempts VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        a.request_id,
+                        a.attempt,
+                        a.seed,
+                        run,
+                        a.batch_id,
+                        a.batch_size,
+                        a.score,
+                        a.error,
+                    )
+                    for a in attempts
+                ],
+            )
+            for o in outcomes:
+                cur = self._conn.execute(
+                    "UPDATE requests SET state=?, attempt=?, score=?, file_name=?, run=?, "
+                    "batch_id=?, batch_size=?, updated=? WHERE id=? AND state='pending'",
+                    (
+                        o.state,
+                        o.attempt,
+                        o.score,
+                        o.file_name,
+                        run,
+                        o.batch_id,
+                        o.batch_size,
+                        now,
+                        o.request_id,
+                    ),
+                )
+                if cur.rowcount != 1:
+                    raise StoreError(
+                        f"request {o.request_id!r} is not pending; cannot mark {o.state}"
+                    )
+            self._conn.executemany(
+                "INSERT INTO ledger (run, stage, device_class, seconds) VALUES (?, ?, ?, ?)",
+                [(run, stage, dev, secs) for stage, dev, secs in ledger],
+            )
+
+    # -- reading ------------------------------------------------------------------------
+
+    def requests(self, state: str | None = None) -> list[StoredRequest]:
+        """Every prompt (or those in ``state``), in job order."""
+        sql = (
+            "SELECT id, idx, prompt, base_seed, spec, state, attempt, score, file_name, run, "
+            "batch_id, batch_size FROM requests"
+        )
+        args: tuple[Any, ...] = ()
+        if state is not None:
+            sql += " WHERE state=?"
+            args = (state,)
+        rows = self._conn.execute(sql + " ORDER BY idx", args).fetchall()
+        return [
+            StoredRequest(PromptRow(r[0], r[1], r[2], r[3], json.loads(r[4])), *r[5:]) for r in rows
+        ]
+
+    def attempts(self) -> dict[str, list[AttemptRow]]:
+        """Every ended attempt, grouped by request id, in attempt order."""
+        out: dict[str, list[AttemptRow]] = {}
+        for r in self._conn.execute(
+            "SELECT request_id, attempt, seed, batch_id, batch_size, score, error, run "
+            "FROM attempts ORDER BY request_id, attempt"
+        ):
+            out.setdefault(r[0], []).append(AttemptRow(*r))
+        return out
+
+    def attempts_of(self, request_id: str) -> list[AttemptRow]:
+        """Every ended attempt of one request, in attempt order."""
+        rows = self._conn.execute(
+            "SELECT request_id, attempt, seed, batch_id, batch_size, score, error, run "
+            "FROM attempts WHERE request_id=? ORDER BY attempt",
+            (request_id,),
+        )
+        return [AttemptRow(*r) for r in rows]
+
+    def ledger_entries(self) -> list[tuple[str, str, float]]:
+        """Every ledger booking: ``(stage, device_class, seconds)``."""
+        rows = self._conn.execute("SELECT stage, device_class, seconds FROM ledger ORDER BY id")
+        return [(str(s), str(d), float(x)) for s, d, x in rows]
+
+    def counts(self) -> dict[str, int]:
+        """Number of prompts in each state."""
+        rows = self._conn.execute("SELECT state, COUNT(*) FROM requests GROUP BY state")
+        return {str(s): int(n) for s, n in rows}
+
+    def runs(self) -> int:
+        """How many runs have worked on this job."""
+        return int(self._conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0])
+
+
+class _tx:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on error) on an autocommit connection."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> None:
+        self.conn.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self.conn.execute("ROLLBACK" if exc_type is not None else "COMMIT")
+
+
+def check_config(stored: dict[str, Any], wanted: dict[str, Any], out: Path) -> None:
+    """Refuse to resume a job whose settings differ, naming what differs."""
+    diff = sorted(k for k in set(stored) | set(wanted) if stored.get(k) != wanted.get(k))
+    if diff:
+        parts = ", ".join(f"{k}: {stored.get(k)!r} there, {wanted.get(k)!r} now" for k in diff)
+        raise ConfigError(
+            f"{out} holds a different job ({parts}); use another --out or the same settings"
+        )

@@ -1,0 +1,1 @@
+"""Test and bench helpers that ship with the package (tiny seeded checkpoints)."""
