@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import inspect
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,7 +79,12 @@ def load_pipeline(model: str, *, device: str = "cpu", precision: str = "fp32") -
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ConfigError(_INSTALL) from exc
     try:
-        pipe = DiffusionPipeline.from_pretrained(str(Path(model).expanduser()), torch_dtype=dtype)
+        with warnings.catch_warnings():
+            # Newer diffusers renamed torch_dtype to dtype; the old name works everywhere.
+            warnings.filterwarnings("ignore", message=".*torch_dtype.*", category=FutureWarning)
+            pipe = DiffusionPipeline.from_pretrained(
+                str(Path(model).expanduser()), torch_dtype=dtype
+            )
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot load model {model!r}: {exc}") from exc
     if "prompt" not in inspect.signature(pipe.__call__).parameters:

@@ -120,8 +120,8 @@ class JobStore:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
+            conn.executescript(_SCHEMA)  # idempotent; executescript commits on its own
             with _tx(conn):
-                conn.executescript(_SCHEMA)
                 row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
                 if row is None:
                     conn.execute(

@@ -1,0 +1,1 @@
+"""Tests of renderq run: executor, scorer, store, dataset, engine and CLI."""

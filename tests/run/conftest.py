@@ -1,0 +1,74 @@
+"""Shared fixtures: tiny seeded diffusers and CLIP checkpoints, built once per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("diffusers")
+pytest.importorskip("transformers")
+
+from renderq.executors.diffusers import DiffusersExecutor  # noqa: E402
+from renderq.scoring.clip import ClipScorer  # noqa: E402
+from renderq.testing.tiny import build_tiny_clip, build_tiny_pipeline  # noqa: E402
+
+# Two cores are shared with other work; one thread per process keeps runs predictable.
+torch.set_num_threads(1)
+
+PROMPTS = [
+    "a small red circle on a blue background",
+    "a large green square on a black background",
+    "a small yellow triangle on a white background",
+    "a large purple circle on a green background",
+    "a small orange square on a red background",
+    "a large blue triangle on a yellow background",
+    "a small white circle on a purple background",
+    "a large black square on an orange background",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny StableDiffusionPipeline folder (32x32 images)."""
+    return build_tiny_pipeline(tmp_path_factory.mktemp("tiny-sd"), sample_size=16)
+
+
+@pytest.fixture(scope="session")
+def tiny_clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny CLIPModel + CLIPProcessor folder."""
+    return build_tiny_clip(tmp_path_factory.mktemp("tiny-clip"))
+
+
+@pytest.fixture(scope="session")
+def executor(tiny_model: Path) -> DiffusersExecutor:
+    """The tiny pipeline loaded once for the session."""
+    return DiffusersExecutor.load(str(tiny_model), name="tiny-sd")
+
+
+@pytest.fixture(scope="session")
+def scorer(tiny_clip: Path) -> ClipScorer:
+    """The tiny CLIP scorer loaded once for the session."""
+    return ClipScorer.load(str(tiny_clip), name="tiny-clip")
+
+
+def write_prompts(path: Path, prompts: list[str] | None = None) -> Path:
+    """Write a text prompts file."""
+    path.write_text("\n".join(prompts or PROMPTS) + "\n", encoding="utf-8")
+    return path
+
+
+def settings_kwargs(model: Path, clip: Path, **over: Any) -> dict[str, Any]:
+    """RunSettings arguments for the tiny models: 3 steps, a threshold some images miss."""
+    kw: dict[str, Any] = {
+        "model": str(model),
+        "scorer": str(clip),
+        "steps": 3,
+        "threshold": -0.2,
+        "max_attempts": 3,
+        "max_batch_size": 4,
+    }
+    kw.update(over)
+    return kw

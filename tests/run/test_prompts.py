@@ -1,0 +1,56 @@
+"""Reading prompts files: text and JSONL, and the errors with line numbers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from renderq.core.errors import ConfigError
+from renderq.engine.prompts import read_prompts
+
+
+def test_text_file_one_prompt_a_line(tmp_path: Path) -> None:
+    p = tmp_path / "p.txt"
+    p.write_text("a red circle\n  a blue square  \n\n", encoding="utf-8")
+    specs = read_prompts(p)
+    assert [s.prompt for s in specs] == ["a red circle", "a blue square"]
+    assert [s.line for s in specs] == [1, 2]
+
+
+def test_jsonl_with_overrides(tmp_path: Path) -> None:
+    p = tmp_path / "p.jsonl"
+    p.write_text(
+        '{"prompt": "a red circle", "seed": 7, "negative_prompt": "blur", "size": "64x32"}\n'
+        '{"prompt": "a blue square", "width": 16, "height": 48, "steps": 5}\n',
+        encoding="utf-8",
+    )
+    a, b = read_prompts(p)
+    assert (a.seed, a.negative_prompt, a.width, a.height, a.steps) == (7, "blur", 64, 32, None)
+    assert (b.seed, b.width, b.height, b.steps) == (None, 16, 48, 5)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("p.txt", "a red circle\n   \na blue square\n", "p.txt:2: empty prompt"),
+        ("p.jsonl", '{"prompt": "ok"}\n{"prompt": "ok",\n', "p.jsonl:2: malformed JSON"),
+        ("p.jsonl", '{"prompt": "ok"}\n{"prompt": ""}\n', "p.jsonl:2: 'prompt' must be"),
+        ("p.jsonl", '{"prompt": "ok", "sede": 1}\n', "p.jsonl:1: unknown field(s) ['sede']"),
+        ("p.jsonl", '{"prompt": "ok", "seed": -1}\n', "p.jsonl:1: 'seed' must be an integer"),
+        ("p.jsonl", '{"prompt": "ok", "size": "big"}\n', "p.jsonl:1: 'size' must be"),
+        ("p.jsonl", "[1, 2]\n", "p.jsonl:1: each line must be a JSON object"),
+        ("p.txt", "\n\n", "no prompts"),
+    ],
+)
+def test_bad_input_names_the_line(tmp_path: Path, name: str, text: str, message: str) -> None:
+    p = tmp_path / name
+    p.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        read_prompts(p)
+    assert message in str(info.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        read_prompts(tmp_path / "nope.txt")
