@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from renderq.cli.run import run as run_command
 from renderq.cli.simulate import simulate_command
 
 app = typer.Typer(
@@ -22,6 +23,4 @@ def version() -> None:
 
 
 app.command("simulate")(simulate_command)
-from renderq.cli.run import run as run_command  # noqa: E402, I001
-
 app.command("run")(run_command)
