@@ -65,12 +65,21 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
+def looks_local(model: str) -> bool:
+    """Whether a model id names a local folder rather than a hub id (``org/name``)."""
+    return (
+        model.startswith((".", "/", "~"))
+        or model.endswith("/")
+        or model.count("/") > 1
+        or Path(model).exists()
+    )
+
+
 def load_pipeline(model: str, *, device: str = "cpu", precision: str = "fp32") -> Any:
     """Load a diffusers text-to-image pipeline from a local folder or a hub id."""
     dtype = torch_dtype(precision)
     check_device(device)
-    looks_local = model.startswith((".", "/", "~")) or Path(model).exists()
-    if looks_local and not (Path(model).expanduser() / "model_index.json").is_file():
+    if looks_local(model) and not (Path(model).expanduser() / "model_index.json").is_file():
         raise ConfigError(
             f"model {model!r} is not a diffusers pipeline folder (no model_index.json)"
         )

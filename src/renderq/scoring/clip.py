@@ -16,7 +16,7 @@ from typing import Any
 
 from renderq.core.errors import ConfigError
 from renderq.core.types import ScoreResult
-from renderq.executors.diffusers import check_device, import_torch
+from renderq.executors.diffusers import check_device, import_torch, looks_local
 
 _INSTALL = "the CLIP scorer needs torch and transformers: pip install 'renderq[diffusers]'"
 
@@ -24,9 +24,7 @@ _INSTALL = "the CLIP scorer needs torch and transformers: pip install 'renderq[d
 def load_clip(model: str, *, device: str = "cpu") -> tuple[Any, Any]:
     """Load a CLIP model and its processor from a folder or hub id."""
     check_device(device)
-    if (model.startswith((".", "/", "~")) or Path(model).exists()) and not (
-        Path(model).expanduser() / "config.json"
-    ).is_file():
+    if looks_local(model) and not (Path(model).expanduser() / "config.json").is_file():
         raise ConfigError(f"scorer {model!r} is not a transformers model folder (no config.json)")
     try:
         from transformers import CLIPModel, CLIPProcessor
