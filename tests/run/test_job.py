@@ -115,7 +115,7 @@ def test_different_settings_refused(
     s = _settings(tmp_path, tiny_model, tiny_clip, threshold=-1.0)
     run_job(s, executor=executor, scorer=scorer)
     other = _settings(tmp_path, tiny_model, tiny_clip, threshold=-1.0, steps=4)
-    with pytest.raises(ConfigError, match="holds a different job.*steps"):
+    with pytest.raises(ConfigError, match=r"holds a different job.*steps"):
         run_job(other, executor=executor, scorer=scorer)
 
 

@@ -46,5 +46,5 @@ def test_mismatched_lengths(scorer: ClipScorer) -> None:
 
 
 def test_unknown_scorer_path(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="no config.json"):
+    with pytest.raises(ConfigError, match=r"no config\.json"):
         ClipScorer.load(str(tmp_path))

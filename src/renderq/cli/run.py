@@ -18,7 +18,7 @@ def run(
     prompts: Path = typer.Argument(..., help="Text file (one prompt a line) or JSONL file."),
     out: Path = typer.Option(..., "--out", help="Output folder (re-run to resume)."),
     mode: str = typer.Option("window", help="Batching: adhoc, dynamic or window."),
-    model: str = typer.Option(DEFAULT_MODEL, help="Diffusers pipeline: folder, hub id, embedded:*."),
+    model: str = typer.Option(DEFAULT_MODEL, help="Pipeline: folder, hub id, embedded:*."),
     scorer: str = typer.Option(DEFAULT_SCORER, help="CLIP model: folder, hub id, embedded:*."),
     threshold: float = typer.Option(0.25, help="Accept images whose CLIP score is at least this."),
     max_attempts: int = typer.Option(3, help="Renders per prompt in all, first one included."),
