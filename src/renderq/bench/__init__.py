@@ -1,0 +1,1 @@
+"""Benchmarks and profiling: what renderq measures on the user's own stack."""

@@ -1,0 +1,65 @@
+"""``renderq profile``: measure batch latency and memory; write a profile file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from renderq.core.cost import Profile
+from renderq.core.errors import ConfigError
+from renderq.engine.models import DEFAULT_MODEL, DEFAULT_SCORER
+
+
+def _resolution(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise ConfigError(f"resolution must look like 512x512, got {text!r}") from None
+    return (w, h)
+
+
+def profile_command(
+    model: Annotated[str, typer.Option(help="Diffusers pipeline: folder, hub id, embedded:*.")] = (
+        DEFAULT_MODEL
+    ),
+    scorer: Annotated[str, typer.Option(help="CLIP scorer to profile alongside.")] = DEFAULT_SCORER,
+    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
+    precision: Annotated[str, typer.Option(help="fp32, fp16 or bf16.")] = "fp32",
+    steps: Annotated[int, typer.Option(help="Denoising steps.")] = 20,
+    resolution: Annotated[str | None, typer.Option(help="WxH; default: the model's.")] = None,
+    max_batch: Annotated[int, typer.Option(help="Largest batch size to try.")] = 16,
+    repeats: Annotated[int, typer.Option(help="Timed repeats per size (median).")] = 3,
+    name: Annotated[str | None, typer.Option(help="Profile name.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write the profile JSON here.")] = None,
+) -> None:
+    """Time renders and scores at batch sizes 1, 2, 4, ... and write a measured profile."""
+    from renderq.bench.model_profile import ProfileSettings, profile_model
+
+    try:
+        settings = ProfileSettings(
+            model=model, scorer=scorer, device=device, precision=precision, steps=steps,
+            resolution=_resolution(resolution), max_batch=max_batch, repeats=repeats,
+        )  # fmt: skip
+        doc = profile_model(settings, name)
+        prof = Profile.from_dict(doc)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    table = Table(title=f"profile {prof.name} ({doc['source']['note']})")
+    for col in ("batch", "render s", "render s/img", "score s", "score s/img"):
+        table.add_column(col, justify="right")
+    for (n, r), (_, sc) in zip(doc["render"]["points"], doc["score"]["points"], strict=True):
+        table.add_row(str(n), f"{r:.4f}", f"{r / n:.4f}", f"{sc:.4f}", f"{sc / n:.4f}")
+    Console(stderr=True).print(table)
+    text = json.dumps(doc, indent=2)
+    if out is None:
+        typer.echo(text)
+    else:
+        out.write_text(text + "\n")
+        typer.echo(f"wrote {out}")

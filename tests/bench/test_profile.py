@@ -1,0 +1,69 @@
+"""``renderq profile``: the measurement logic on fakes, and the command on tiny real models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from renderq.bench.profiling import Point, doubling_sizes, fit_memory, measure
+from renderq.cli.main import app
+from renderq.core.cost import Profile
+from renderq.core.errors import ConfigError
+
+
+def test_doubling_sizes() -> None:
+    assert doubling_sizes(1) == [1]
+    assert doubling_sizes(16) == [1, 2, 4, 8, 16]
+    assert doubling_sizes(12) == [1, 2, 4, 8, 12]
+    with pytest.raises(ConfigError, match="0"):
+        doubling_sizes(0)
+
+
+def test_measure_takes_medians_and_stops_at_out_of_memory() -> None:
+    calls: list[int] = []
+    fake = {1: [1.0, 3.0, 2.0, 9.0], 2: [2.0, 2.5, 3.0, 2.0]}
+
+    def run(n: int) -> float:
+        calls.append(n)
+        if n >= 4:
+            raise MemoryError("oom")
+        return fake[n].pop(0)
+
+    pts = measure(
+        run, [1, 2, 4, 8], repeats=3, warmup=1, is_oom=lambda e: isinstance(e, MemoryError)
+    )
+    assert [(p.batch_size, p.seconds) for p in pts] == [(1, 3.0), (2, 2.5)]
+    assert calls == [1, 1, 1, 1, 2, 2, 2, 2, 4]
+    with pytest.raises(MemoryError):  # out of memory at the very first size is an error
+        measure(run, [4], is_oom=lambda e: True)
+
+
+def test_fit_memory_recovers_a_linear_model() -> None:
+    pts = [Point(n, 1.0, (1.0,), 100.0 + 10.0 * n) for n in (1, 2, 4, 8)]
+    base, per = fit_memory(pts)  # type: ignore[misc]
+    assert base == pytest.approx(100.0) and per == pytest.approx(10.0)
+    assert fit_memory(pts[:1]) is None
+
+
+@pytest.mark.slow
+def test_profile_command_on_tiny_models_writes_a_loadable_measured_profile(tmp_path: Path) -> None:
+    from renderq.testing.tiny import build_tiny_clip, build_tiny_pipeline
+
+    pipe = build_tiny_pipeline(tmp_path / "pipe")
+    clip = build_tiny_clip(tmp_path / "clip")
+    out = tmp_path / "prof.json"
+    args = ["profile", "--model", str(pipe), "--scorer", str(clip), "--steps", "2",
+            "--max-batch", "4", "--repeats", "2", "--name", "tiny-cpu", "--out", str(out)]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    prof = Profile.from_dict(doc)
+    assert prof.name == "tiny-cpu" and prof.source["kind"] == "measured"
+    assert [p[0] for p in doc["render"]["points"]] == [1, 2, 4]
+    assert all(s > 0 for _, s in doc["render"]["points"])
+    assert prof.render_cap == 4 and (prof.width, prof.height) == (64, 64)
+    assert prof.score.latency(4) > 0
+    assert "cpu" in doc["source"]["note"]
