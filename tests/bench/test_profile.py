@@ -56,7 +56,8 @@ def test_profile_command_on_tiny_models_writes_a_loadable_measured_profile(tmp_p
     clip = build_tiny_clip(tmp_path / "clip")
     out = tmp_path / "prof.json"
     args = ["profile", "--model", str(pipe), "--scorer", str(clip), "--steps", "2",
-            "--max-batch", "4", "--repeats", "2", "--name", "tiny-cpu", "--out", str(out)]  # fmt: skip
+            "--max-batch", "4", "--repeats", "2", "--name", "tiny-cpu",
+            "--out", str(out)]  # fmt: skip
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     doc = json.loads(out.read_text())

@@ -83,7 +83,7 @@ def profile_model(s: ProfileSettings, name: str | None = None) -> dict[str, Any]
                 key,
                 base_seed=next(counter),
                 guidance_scale=s.guidance,
-            )  # fmt: skip
+            )
             for i in range(n)
         )
         result = executor.run(Batch(0, key, reqs, 0.0, n))
