@@ -225,3 +225,15 @@ def test_window_batches_finish_before_the_window_closes() -> None:
     s.on_lost(b.id, 2.5)
     assert s.schedule(2.5, {"gpu0": 1}) == []  # 0.5 s left fits not even one
     assert s.next_wakeup(2.5) is None and s.queue_depths() == {K0: 8}
+
+
+def test_without_the_gate_images_are_accepted_but_render_errors_still_retry() -> None:
+    s = Scheduler(Dynamic(0, 4), qa=QAPolicy(enabled=False, max_attempts=2))
+    s.submit(req(0), 0.0)
+    s.submit(req(1), 0.0)
+    [b] = s.schedule(0.0, {"gpu0": 1})
+    items = (ItemResult("r0", "img"), ItemResult("r1", error="nan image"))
+    ev = s.on_result(BatchResult(b.id, items, 1.0, "gpu0"), 1.0)
+    assert {e.request.id: type(e).__name__ for e in ev} == {"r0": "ToScore", "r1": "Regenerating"}
+    [acc] = s.on_scores(["r0"], ScoreResult((None,), 0.0, "gpu0"), 1.0)
+    assert isinstance(acc, Accepted)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from renderq.cli.bench import bench_command
 from renderq.cli.profile import profile_command
 from renderq.cli.run import run as run_command
 from renderq.cli.simulate import simulate_command
@@ -26,3 +27,4 @@ def version() -> None:
 app.command("simulate")(simulate_command)
 app.command("run")(run_command)
 app.command("profile")(profile_command)
+app.command("bench")(bench_command)

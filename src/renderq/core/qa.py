@@ -21,7 +21,7 @@ class QAPolicy:
     """Accept at ``score >= threshold``; otherwise retry until ``max_attempts`` in all.
 
     ``max_attempts`` counts the first render, so 1 means "never regenerate".
-    ``enabled=False`` accepts every image that rendered (no gate).
+    ``enabled=False`` accepts every image that rendered, scored or not (no gate).
     """
 
     threshold: float = 0.0
@@ -35,11 +35,15 @@ class QAPolicy:
     def decide(self, score: float | None, attempt: int) -> Verdict:
         """Verdict for attempt ``attempt`` (0-based) that scored ``score``.
 
-        ``score=None`` means the attempt produced no usable image (a render error,
-        a NaN image); it is retried like a failing score.
+        ``score=None`` means the image could not be scored; with the gate on it is retried
+        like a failing score.
         """
-        if score is not None and (not self.enabled or score >= self.threshold):
+        if not self.enabled or (score is not None and score >= self.threshold):
             return Verdict.ACCEPT
+        return self.retry(attempt)
+
+    def retry(self, attempt: int) -> Verdict:
+        """Verdict for an attempt that produced no image at all (gate or no gate)."""
         if attempt + 1 < self.max_attempts:
             return Verdict.REGENERATE
         return Verdict.ESCALATE

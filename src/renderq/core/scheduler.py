@@ -306,7 +306,8 @@ class Scheduler:
     # -- internals ----------------------------------------------------------------------
 
     def _retry_or_escalate(self, rec: _Record, score: float | None, now: float) -> Event:
-        verdict = self.qa.decide(score, rec.request.attempt)
+        attempt = rec.request.attempt
+        verdict = self.qa.retry(attempt) if score is None else self.qa.decide(score, attempt)
         if verdict is Verdict.REGENERATE:
             self._move(rec, _S.REGENERATING)
             rec.request = dataclasses.replace(rec.request, attempt=rec.request.attempt + 1)

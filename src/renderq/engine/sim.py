@@ -28,7 +28,7 @@ from renderq.core.ledger import LedgerReport
 from renderq.core.policies import Policy
 from renderq.core.qa import QAPolicy
 from renderq.core.scheduler import Scheduler
-from renderq.core.types import TERMINAL, Batch, BatchKey, Request, RequestState
+from renderq.core.types import TERMINAL, Batch, BatchKey, Request, RequestState, ScoreResult
 from renderq.engine.arrivals import Arrival
 from renderq.executors.simulated import SimulatedExecutor, SimulatedScorer
 
@@ -51,10 +51,16 @@ class SimConfig:
     max_queue_per_key: int | None = None
     price_per_hour: float | None = None
     threshold: float = 0.25
+    #: Closed loop (MLPerf single-stream when 1): this many requests outstanding, the next
+    #: one submitted the moment one finishes; arrival times are then ignored.
+    streams: int | None = None
+    qa: bool = True
 
     def __post_init__(self) -> None:
         if self.render_workers < 1:
             raise ConfigError(f"render workers must be >= 1, got {self.render_workers}")
+        if self.streams is not None and self.streams < 1:
+            raise ConfigError(f"streams must be >= 1, got {self.streams}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +126,8 @@ class _Loop:
     to_score: deque[Request] = field(default_factory=deque)
     wakes: set[float] = field(default_factory=set)
     done_at: dict[str, float] = field(default_factory=dict)
+    arrived: dict[str, float] = field(default_factory=dict)
+    pending: deque[Request] = field(default_factory=deque)
     batch_sizes: list[int] = field(default_factory=list)
     renders: int = 0
     rerenders: int = 0
@@ -131,7 +139,9 @@ class _Loop:
 
     def handle(self, now: float, kind: int, payload: Any) -> None:
         if kind == _ARRIVE:
-            self.sched.submit(payload, now)
+            self.arrived[payload.id] = now
+            if not self.sched.submit(payload, now).admitted:
+                self.finished(payload.id, now)
         elif kind == _RENDERED:
             _batch, result = payload
             self.free += 1
@@ -149,12 +159,17 @@ class _Loop:
                 self.to_score.append(ev.request)
             elif isinstance(ev, Accepted):
                 self.accepted += 1
-                self.done_at[ev.request.id] = now
+                self.finished(ev.request.id, now)
             elif isinstance(ev, Escalated):
                 self.escalated += 1
-                self.done_at[ev.request.id] = now
+                self.finished(ev.request.id, now)
             elif isinstance(ev, Cancelled):
-                self.done_at[ev.request.id] = now
+                self.finished(ev.request.id, now)
+
+    def finished(self, request_id: str, now: float) -> None:
+        self.done_at[request_id] = now
+        if self.pending:
+            self.push(now, _ARRIVE, self.pending.popleft())
 
     def dispatch(self, now: float) -> None:
         dc = self.cfg.profile.device_class
@@ -163,7 +178,10 @@ class _Loop:
         if not self.scorer_busy and self.to_score:
             cap = self.cfg.profile.score.cap()
             reqs = [self.to_score.popleft() for _ in range(min(cap, len(self.to_score)))]
-            result = self.scorer.score(reqs)
+            if self.cfg.qa:
+                result = self.scorer.score(reqs)
+            else:  # no gate: nothing is scored, nothing costs scorer time
+                result = ScoreResult((None,) * len(reqs), 0.0, self.scorer.device_class)
             self.scorer_busy = True
             self.push(now + result.device_seconds, _SCORED, ([r.id for r in reqs], result))
         wake = self.sched.next_wakeup(now)
@@ -201,7 +219,7 @@ def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
     key = profile_key(profile)
     sched = Scheduler(
         policy,
-        qa=QAPolicy(threshold=cfg.threshold, max_attempts=cfg.max_attempts),
+        qa=QAPolicy(threshold=cfg.threshold, max_attempts=cfg.max_attempts, enabled=cfg.qa),
         cost=lambda k: profile.render if k == key else None,
         admission=AdmissionConfig(cfg.max_queue_per_key, cfg.render_workers),
     )
@@ -220,20 +238,29 @@ def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
         ),
         free=cfg.render_workers,
     )
-    arrived: dict[str, float] = {}
+    requests = []
     for i, a in enumerate(cfg.arrivals):
         deadline_s = a.deadline_s if a.deadline_s is not None else cfg.deadline_s
-        req = Request(
-            id=f"r{i:07d}",
-            prompt=a.prompt or f"prompt {i}",
-            key=key,
-            base_seed=cfg.seed * 1_000_003 + i,
-            priority=a.priority,
-            arrival=a.t,
-            deadline=None if deadline_s is None else a.t + deadline_s,
+        if cfg.streams is not None:
+            deadline_s = None  # closed loop: arrival times, and so deadlines, are not known
+        requests.append(
+            Request(
+                id=f"r{i:07d}",
+                prompt=a.prompt or f"prompt {i}",
+                key=key,
+                base_seed=cfg.seed * 1_000_003 + i,
+                priority=a.priority,
+                arrival=a.t,
+                deadline=None if deadline_s is None else a.t + deadline_s,
+            )
         )
-        arrived[req.id] = a.t
-        loop.push(a.t, _ARRIVE, req)
+    if cfg.streams is None:
+        for req in requests:
+            loop.push(req.arrival, _ARRIVE, req)
+    else:
+        loop.pending.extend(requests[cfg.streams :])
+        for req in requests[: cfg.streams]:
+            loop.push(0.0, _ARRIVE, req)
     now = 0.0
     while loop.heap:
         now, _, kind, payload = heapq.heappop(loop.heap)
@@ -242,17 +269,21 @@ def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
             _, _, kind, payload = heapq.heappop(loop.heap)
             loop.handle(now, kind, payload)
         loop.dispatch(now)
-    states = list(sched.states().values())
-    rejected = sum(1 for s in states if s is RequestState.REJECTED)
+    states = sched.states()
+    rejected = sum(1 for s in states.values() if s is RequestState.REJECTED)
     return SimResult(
         mode=policy.name,
         ledger=sched.ledger.report(cfg.price_per_hour),
-        latencies=tuple(loop.done_at[r] - arrived[r] for r in sorted(loop.done_at)),
+        latencies=tuple(
+            loop.done_at[r] - loop.arrived[r]
+            for r in sorted(loop.done_at)
+            if states[r] is not RequestState.REJECTED
+        ),
         batch_sizes=tuple(loop.batch_sizes),
         accepted=loop.accepted,
         escalated=loop.escalated,
         rejected=rejected,
-        unfinished=sum(1 for s in states if s not in TERMINAL),
+        unfinished=sum(1 for s in states.values() if s not in TERMINAL),
         renders=loop.renders,
         rerenders=loop.rerenders,
         makespan_s=now,

@@ -1,0 +1,185 @@
+"""The A/B harness: the same scenario run under each mode, measured against the limit.
+
+Scenarios follow MLPerf LoadGen's names: ``offline`` (everything at t=0), ``server``
+(Poisson arrivals at a rate, judged against a p99 latency bound) and ``single-stream``
+(the next request the moment the last one finishes). A backend runs one mode over one
+scenario and returns a ``SimResult``-shaped outcome: the simulator (cost model and
+seeded failures) or the real engine on a real pipeline.
+
+**The limit** is the best static batch size's offline render throughput from the
+profile, ``max_n n / latency(n)`` images per device-second. A mode's **efficiency** is its
+render throughput per device-second (every attempt counts, regenerations too) divided by
+that limit: 1.0 means every batch ran at the best size. Its **utilisation** is render
+device-seconds over the makespan times the workers: how busy the device was kept.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from renderq.core.cost import Profile
+from renderq.core.errors import ConfigError
+from renderq.core.policies import Policy
+from renderq.core.types import Stage
+from renderq.engine.arrivals import Arrival, arrivals
+from renderq.engine.sim import SimConfig, SimResult, simulate
+
+SCENARIOS = ("offline", "server", "single-stream")
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """The best static batch size and its offline throughput, from a profile."""
+
+    batch_size: int
+    images_per_second: float
+
+    @classmethod
+    def of(cls, profile: Profile, cap: int | None = None) -> Limit:
+        """The limit of ``profile`` for batches up to ``cap`` (default: the profile's cap)."""
+        top = min(cap or profile.render_cap, profile.render_cap)
+        best = profile.render.curve.best_size(top)
+        return cls(best, best / profile.render.latency(best))
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A scenario: its name, request count, arrival rate (server) and p99 bound."""
+
+    name: str
+    requests: int
+    rate: float | None = None
+    p99_bound_s: float | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.name not in SCENARIOS:
+            raise ConfigError(f"unknown scenario {self.name!r}; choose from {', '.join(SCENARIOS)}")
+        if self.requests < 1:
+            raise ConfigError(f"requests must be >= 1, got {self.requests}")
+        if self.name == "server" and (self.rate is None or not self.rate > 0):
+            raise ConfigError(f"the server scenario needs a rate > 0, got {self.rate}")
+
+    def arrivals(self) -> tuple[Arrival, ...]:
+        """The arrival trace (single-stream: all at 0; the backend closes the loop)."""
+        spec = f"poisson:{self.rate}" if self.name == "server" else "offline"
+        return tuple(arrivals(spec, self.requests, random.Random(self.seed)))
+
+    @property
+    def streams(self) -> int | None:
+        """Outstanding requests in a closed loop (1 for single-stream), else None."""
+        return 1 if self.name == "single-stream" else None
+
+
+Backend = Callable[[Policy, Scenario, float], SimResult]
+"""Runs one mode over a scenario at a QA failure rate (ignored by real backends)."""
+
+
+def sim_backend(
+    profile: Profile, *, qa: bool = True, workers: int = 1, seed: int = 0, max_attempts: int = 4
+) -> Backend:
+    """A backend that simulates runs on ``profile``."""
+
+    def run(policy: Policy, scenario: Scenario, failure_rate: float) -> SimResult:
+        cfg = SimConfig(
+            profile,
+            scenario.arrivals(),
+            failure_rate=failure_rate,
+            max_attempts=max_attempts,
+            render_workers=workers,
+            seed=seed,
+            streams=scenario.streams,
+            qa=qa,
+        )
+        return simulate(policy, cfg)
+
+    return run
+
+
+def efficiency(result: SimResult, limit: Limit) -> float | None:
+    """Render throughput per device-second over the limit's."""
+    render_s = _render_seconds(result)
+    if render_s <= 0:
+        return None
+    return result.renders / render_s / limit.images_per_second
+
+
+def utilisation(result: SimResult, workers: int = 1) -> float | None:
+    """Render device-seconds over the makespan times the workers."""
+    render_s = _render_seconds(result)
+    if result.makespan_s <= 0:
+        return None
+    return render_s / (result.makespan_s * workers)
+
+
+@dataclass(frozen=True, slots=True)
+class ModeRun:
+    """One mode at one failure rate: its outcome and the figures derived from it."""
+
+    mode: str
+    failure_rate: float
+    result: SimResult
+    efficiency: float | None
+    utilisation: float | None
+    meets_p99: bool | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, the simulator's fields plus efficiency, utilisation and the bound."""
+        out = self.result.to_dict()
+        out.update(
+            mode=self.mode,
+            failure_rate=self.failure_rate,
+            efficiency=self.efficiency,
+            utilisation=self.utilisation,
+            meets_p99_bound=self.meets_p99,
+            throughput_accepted_per_s=(
+                self.result.accepted / self.result.makespan_s if self.result.makespan_s else None
+            ),
+        )
+        return out
+
+
+def run_bench(
+    backend: Backend,
+    policies: Mapping[str, Policy],
+    scenario: Scenario,
+    limit: Limit,
+    failure_rates: Sequence[float] = (0.08,),
+    workers: int = 1,
+) -> list[ModeRun]:
+    """Every mode at every failure rate, in that order."""
+    runs = []
+    for rate in failure_rates:
+        for name, policy in policies.items():
+            result = backend(policy, scenario, rate)
+            p99 = result.percentile(99)
+            meets = None
+            if scenario.p99_bound_s is not None and p99 is not None:
+                meets = p99 <= scenario.p99_bound_s
+            runs.append(
+                ModeRun(
+                    name,
+                    rate,
+                    result,
+                    efficiency(result, limit),
+                    utilisation(result, workers),
+                    meets,
+                )
+            )
+    return runs
+
+
+def capacity_rate(limit: Limit, fraction: float) -> float:
+    """An arrival rate at ``fraction`` of the limit's throughput."""
+    if not (fraction > 0 and math.isfinite(fraction)):
+        raise ConfigError(f"load fraction must be > 0, got {fraction}")
+    return limit.images_per_second * fraction
+
+
+def _render_seconds(result: SimResult) -> float:
+    secs = result.ledger.seconds
+    return secs.get(Stage.RENDER, 0.0) + secs.get(Stage.REGEN, 0.0)

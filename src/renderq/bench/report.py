@@ -1,0 +1,102 @@
+"""Bench reports: a markdown table and matplotlib plots (written as PNG files)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from renderq.bench.harness import Limit, ModeRun
+from renderq.core.cost import Profile
+from renderq.core.types import Stage
+
+
+def _f(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def markdown(runs: Sequence[ModeRun], limit: Limit, title: str) -> str:
+    """One row per mode and failure rate."""
+    lines = [
+        f"### {title}",
+        "",
+        f"Limit: batch {limit.batch_size}, {limit.images_per_second:.3f} images per "
+        "device-second (best static batch, offline, from the profile).",
+        "",
+        "| mode | failure rate | efficiency | utilisation | GPU-h total | GPU-h regen | "
+        "p50 s | p99 s | p99 bound met | mean batch | accepted | escalated |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        h = r.result.ledger.gpu_hours()
+        met = "-" if r.meets_p99 is None else ("yes" if r.meets_p99 else "no")
+        lines.append(
+            f"| {r.mode} | {r.failure_rate:.2f} | {_f(r.efficiency, '.3f')} | "
+            f"{_f(r.utilisation, '.3f')} | {h['total']:.4f} | {h['regen']:.4f} | "
+            f"{_f(r.result.percentile(50), '.2f')} | {_f(r.result.percentile(99), '.2f')} | "
+            f"{met} | {r.result.mean_batch_size:.1f} | {r.result.accepted} | "
+            f"{r.result.escalated} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plots(runs: Sequence[ModeRun], profile: Profile, out: Path) -> list[Path]:
+    """Latency CDF per mode, device-seconds per stage per mode, cost against batch size."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise RuntimeError("plots need matplotlib: pip install 'renderq[bench]'") from exc
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in runs:
+        lat = sorted(r.result.latencies)
+        if lat:
+            ax.step(
+                lat, [(i + 1) / len(lat) for i in range(len(lat))], where="post", label=label(r)
+            )
+    ax.set(xlabel="latency (s)", ylabel="share of requests", title="Latency CDF per mode")
+    ax.legend(fontsize=8)
+    written.append(_save(fig, out / "latency_cdf.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    bottom = [0.0] * len(runs)
+    for stage in Stage:
+        vals = [r.result.ledger.seconds.get(stage, 0.0) for r in runs]
+        ax.bar([label(r) for r in runs], vals, bottom=bottom, label=stage.value)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    ax.set(ylabel="device-seconds", title="Device-seconds per stage")
+    ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+    ax.legend(fontsize=8)
+    written.append(_save(fig, out / "device_seconds_by_stage.png"))
+
+    sizes = list(range(1, profile.render_cap + 1))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(sizes, [n / profile.render.latency(n) for n in sizes], label="images / s")
+    ax.set(xlabel="batch size", ylabel="images per device-second",
+           title=f"{profile.name}: throughput and cost per image")  # fmt: skip
+    ax2 = ax.twinx()
+    ax2.plot(sizes, [profile.render.latency(n) / n for n in sizes], color="tab:red",
+             label="s / image")  # fmt: skip
+    ax2.set_ylabel("device-seconds per image")
+    handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+    ax.legend(handles=handles, fontsize=8, loc="center right")
+    written.append(_save(fig, out / "batch_size_curve.png"))
+    return written
+
+
+def label(r: ModeRun) -> str:
+    """A run's label in plots: mode and failure rate."""
+    return f"{r.mode} @ {r.failure_rate:.2f}"
+
+
+def _save(fig: object, path: Path) -> Path:
+    fig.tight_layout()  # type: ignore[attr-defined]
+    fig.savefig(path, dpi=100)  # type: ignore[attr-defined]
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)  # type: ignore[arg-type]
+    return path

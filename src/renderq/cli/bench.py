@@ -1,0 +1,101 @@
+"""``renderq bench``: the A/B harness over MLPerf-style scenarios, with reports and plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from renderq.bench.harness import (
+    Limit,
+    Scenario,
+    capacity_rate,
+    run_bench,
+    sim_backend,
+)
+from renderq.bench.report import markdown, plots
+from renderq.cli.simulate import make_policy, parse_modes
+from renderq.core.errors import ConfigError
+from renderq.profiles import load_profile
+
+
+def _rates(text: str) -> list[float]:
+    try:
+        rates = [float(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise ConfigError(f"failure rates must be numbers, got {text!r}") from None
+    if not rates or any(not 0 <= r <= 1 for r in rates):
+        raise ConfigError(f"failure rates must be in [0, 1], got {text!r}")
+    return rates
+
+
+def bench_command(
+    scenario: Annotated[str, typer.Option(help="offline | server | single-stream")] = "offline",
+    modes: Annotated[str, typer.Option(help="Comma-separated modes.")] = "adhoc,dynamic,window",
+    requests: Annotated[int, typer.Option(help="Requests in the scenario.")] = 2000,
+    profile: Annotated[str, typer.Option(help="Profile for the simulator and the limit.")] = (
+        "article-sdxl-a100"
+    ),
+    rate: Annotated[float | None, typer.Option(help="Server: arrivals per second.")] = None,
+    load: Annotated[
+        float | None, typer.Option(help="Server: rate as a share of the limit.")
+    ] = None,
+    p99_bound: Annotated[float | None, typer.Option(help="Server: p99 latency bound, s.")] = None,
+    qa: Annotated[bool, typer.Option("--qa/--no-qa", help="Score and regenerate.")] = True,
+    failure_rates: Annotated[str, typer.Option(help="Simulated QA failure sweep.")] = "0.08",
+    max_batch_size: Annotated[int | None, typer.Option(help="Cap below the profile's.")] = None,
+    max_queue_delay: Annotated[float, typer.Option(help="Dynamic mode delay cap, s.")] = 0.5,
+    windows: Annotated[str, typer.Option(help="Window mode windows.")] = "always",
+    workers: Annotated[int, typer.Option(help="Render workers.")] = 1,
+    seed: Annotated[int, typer.Option(help="Seed of arrivals and failures.")] = 0,
+    out: Annotated[Path | None, typer.Option(help="Write bench.json, bench.md, plots.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON report.")] = False,
+) -> None:
+    """Run each mode over one scenario; report efficiency against the limit, cost, latency."""
+    try:
+        prof = load_profile(profile)
+        limit = Limit.of(prof, max_batch_size)
+        if scenario == "server" and rate is None:
+            rate = capacity_rate(limit, load if load is not None else 0.5)
+        scen = Scenario(scenario, requests, rate, p99_bound, seed)
+        policies = {
+            m: make_policy(
+                m,
+                max_batch_size=max_batch_size,
+                max_queue_delay_s=max_queue_delay,
+                preferred="",
+                windows=windows,
+            )
+            for m in parse_modes(modes)
+        }
+        backend = sim_backend(prof, qa=qa, workers=workers, seed=seed)
+        runs = run_bench(backend, policies, scen, limit, _rates(failure_rates), workers)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    title = f"{scenario}, {requests} requests, profile {prof.name}, QA {'on' if qa else 'off'}"
+    if rate is not None:
+        title += f", {rate:.3f} req/s"
+    report: dict[str, Any] = {
+        "scenario": scenario,
+        "requests": requests,
+        "rate": rate,
+        "p99_bound_s": p99_bound,
+        "qa": qa,
+        "executor": "simulated",
+        "profile": {"name": prof.name, "source": dict(prof.source)},
+        "limit": {"batch_size": limit.batch_size, "images_per_second": limit.images_per_second},
+        "runs": [r.to_dict() for r in runs],
+        "modes": {r.mode: r.to_dict() for r in runs if r.failure_rate == runs[0].failure_rate},
+    }
+    table = markdown(runs, limit, title)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
+        (out / "bench.md").write_text(table)
+        report["plots"] = [str(p) for p in plots(runs, prof, out)]
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        typer.echo(table)
