@@ -19,6 +19,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -72,7 +73,7 @@ class _ScoreJob:
     tries: int = 0
 
 
-_RENDERED, _SCORED, _SCORE_FAILED = "rendered", "scored", "score_failed"
+_RENDERED, _SCORED, _SCORE_FAILED, _CALL = "rendered", "scored", "score_failed", "call"
 
 
 class RealtimeEngine:
@@ -131,8 +132,22 @@ class RealtimeEngine:
 
     # -- the loop -----------------------------------------------------------------------
 
-    def run(self) -> None:
-        """Run until every submitted request is terminal (or :meth:`stop` is called)."""
+    def call(self, fn: Callable[[float], Any]) -> Future[Any]:
+        """Run ``fn(now)`` on the loop's thread; thread-safe, for callers while it runs.
+
+        A service submits and cancels this way, so the scheduler is only ever touched by
+        the loop's thread. The future holds ``fn``'s return value or exception.
+        """
+        fut: Future[Any] = Future()
+        self._inbox.put((_CALL, (fn, fut)))
+        return fut
+
+    def run(self, *, until_idle: bool = True) -> None:
+        """Run until every submitted request is terminal (or :meth:`stop` is called).
+
+        With ``until_idle=False`` it keeps running when idle, waiting for :meth:`call`,
+        until :meth:`stop`.
+        """
         threads = [
             threading.Thread(
                 target=self._render_worker, args=(dc,), daemon=True, name=f"render-{dc}"
@@ -145,7 +160,7 @@ class RealtimeEngine:
         try:
             while not self._stop.is_set():
                 self._dispatch()
-                if self._finished():
+                if until_idle and self._finished():
                     return
                 wake = self.scheduler.next_wakeup(self.now())
                 timeout = None if wake is None else max(0.0, wake - self.now())
@@ -196,7 +211,14 @@ class RealtimeEngine:
 
     def _handle(self, msg: tuple[str, Any]) -> None:
         kind, payload = msg
-        if kind == _RENDERED:
+        if kind == _CALL:
+            fn, fut = payload
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(self.now()))
+                except Exception as exc:
+                    fut.set_exception(exc)
+        elif kind == _RENDERED:
             batch, result = payload
             self._free[batch.key.device_class] += 1
             self._on_rendered(batch, result)

@@ -1,0 +1,68 @@
+"""The real-time engine as a long-running service loop: thread-safe calls, stop."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from renderq.core.events import Accepted
+from renderq.core.policies import Dynamic
+from renderq.core.qa import QAPolicy
+from renderq.core.scheduler import Scheduler
+from renderq.core.types import Batch, BatchKey, BatchResult, ItemResult, Request, ScoreResult
+from renderq.engine.realtime import RealtimeEngine, Step
+
+KEY = BatchKey("m", 64, 64, 2, True, "ddim", "fp32", "cpu")
+
+
+class NullExecutor:
+    device_class = "cpu"
+
+    def run(self, batch: Batch) -> BatchResult:
+        items = tuple(ItemResult(r.id, image=r.id) for r in batch.requests)
+        return BatchResult(batch.id, items, 0.001, "cpu")
+
+
+class PassScorer:
+    device_class = "cpu"
+
+    def score(self, images: Sequence[Any], prompts: Sequence[str]) -> ScoreResult:
+        return ScoreResult((1.0,) * len(images), 0.001, "cpu")
+
+
+class Collect:
+    def __init__(self) -> None:
+        self.accepted: list[str] = []
+        self.done = threading.Event()
+
+    def started(self, batch: Batch) -> None:
+        pass
+
+    def step(self, step: Step) -> None:
+        self.accepted += [e.request.id for e in step.events if isinstance(e, Accepted)]
+        if len(self.accepted) >= 5:
+            self.done.set()
+
+
+def test_calls_submit_from_other_threads_while_the_loop_keeps_running() -> None:
+    sched = Scheduler(Dynamic(0.01, 4), qa=QAPolicy(threshold=0.5))
+    listener = Collect()
+    engine = RealtimeEngine(sched, {"cpu": NullExecutor()}, PassScorer(), listener)
+    loop = threading.Thread(target=lambda: engine.run(until_idle=False), daemon=True)
+    loop.start()
+    verdicts = [
+        engine.call(lambda now, i=i: sched.submit(Request(f"r{i}", "a red circle", KEY), now))
+        for i in range(5)
+    ]
+    assert all(v.result(timeout=10).admitted for v in verdicts)
+    assert listener.done.wait(timeout=10)
+    assert loop.is_alive()  # idle, but still serving
+    bad = engine.call(lambda now: sched.state("nope"))
+    with pytest.raises(KeyError, match="nope"):
+        bad.result(timeout=10)
+    engine.stop()
+    loop.join(timeout=10)
+    assert not loop.is_alive() and sorted(listener.accepted) == [f"r{i}" for i in range(5)]
