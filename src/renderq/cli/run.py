@@ -10,8 +10,12 @@ from typing import Any
 import typer
 
 from renderq.core.errors import RenderqError
-from renderq.engine.models import DEFAULT_MODEL, DEFAULT_SCORER
+from renderq.engine.models import DEFAULT_MODEL, DEFAULT_SCORER, model_defaults
 from renderq.engine.summary import Progress, RunSummary
+from renderq.scoring.calibrate import CALIBRATION_FILE, lookup, scale_name
+
+DEFAULT_THRESHOLD = 0.25
+"""Cosine threshold used when none is given and none is calibrated for the scorer."""
 
 
 def run(
@@ -20,11 +24,14 @@ def run(
     mode: str = typer.Option("window", help="Batching: adhoc, dynamic or window."),
     model: str = typer.Option(DEFAULT_MODEL, help="Pipeline: folder, hub id, embedded:*."),
     scorer: str = typer.Option(DEFAULT_SCORER, help="CLIP model: folder, hub id, embedded:*."),
-    threshold: float = typer.Option(0.25, help="Accept images whose CLIP score is at least this."),
+    threshold: float = typer.Option(
+        None, help="Accept scores >= this (default: the calibrated value, else 0.25)."
+    ),
+    calibration: Path = typer.Option(Path(CALIBRATION_FILE), help="Calibration file to read."),
     max_attempts: int = typer.Option(3, help="Renders per prompt in all, first one included."),
     max_batch_size: int = typer.Option(16, help="Largest render batch."),
-    steps: int = typer.Option(20, help="Denoising steps (a JSONL line may override)."),
-    guidance: float = typer.Option(7.5, help="Classifier-free guidance scale."),
+    steps: int = typer.Option(None, help="Denoising steps (default: the model's; JSONL may set)."),
+    guidance: float = typer.Option(None, help="Guidance scale (default: the model's, else 7.5)."),
     device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
     precision: str = typer.Option("fp32", help="fp32, fp16 or bf16."),
     seed: int = typer.Option(0, help="Base seed; prompt i gets seed + i unless its line sets one."),
@@ -39,6 +46,10 @@ def run(
     from renderq.engine.job import RunSettings, run_job
 
     try:
+        default_steps, default_guidance = model_defaults(model)
+        if threshold is None:
+            found = lookup(calibration, scorer, scale_name(clipscore_scale))
+            threshold = DEFAULT_THRESHOLD if found is None else found
         settings = RunSettings(
             prompts=prompts,
             out=out,
@@ -48,8 +59,8 @@ def run(
             threshold=threshold,
             max_attempts=max_attempts,
             max_batch_size=max_batch_size,
-            steps=steps,
-            guidance=guidance,
+            steps=default_steps if steps is None else steps,
+            guidance=default_guidance if guidance is None else guidance,
             device=device,
             precision=precision,
             seed=seed,
@@ -100,7 +111,7 @@ class _ProgressBar:
             return
         eta = p.eta_s()
         detail = (
-            f"rendered {p.rendered}  accepted {p.accepted}  regenerating {p.regenerated}  "
+            f"rendered {p.rendered}  accepted {p.accepted}  regenerating {len(p.regenerating)}  "
             f"escalated {p.escalated}  {p.images_per_s():.2f} img/s  "
             f"ETA {'?' if eta is None else f'{eta:.0f}s'}"
         )

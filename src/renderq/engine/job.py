@@ -194,10 +194,13 @@ class JobListener:
         for ev in step.events:
             if isinstance(ev, Accepted):
                 p.accepted += 1
+                p.regenerating.discard(ev.request.id)
             elif isinstance(ev, Escalated):
                 p.escalated += 1
+                p.regenerating.discard(ev.request.id)
             elif isinstance(ev, Regenerating):
                 p.regenerated += 1
+                p.regenerating.add(ev.request.id)
         if self.on_progress is not None:
             self.on_progress(p)
 

@@ -23,9 +23,23 @@ EMBEDDED_PREFIX = "embedded:"
 # Embedded name -> (function in renderq.models.shapes that returns the folder, folder name
 # under its weights directory used when that function is absent).
 _EMBEDDED: dict[str, tuple[str, str]] = {
-    "mini-sd": ("pipeline_path", "mini-sd"),
-    "clip": ("clip_path", "clip"),
+    "mini-sd": ("default_pipeline_path", "mini-sd"),
+    "clip": ("default_clip_path", "clip"),
 }
+
+FALLBACK_STEPS = 20
+FALLBACK_GUIDANCE = 7.5
+
+
+def model_defaults(model_id: str) -> tuple[int, float]:
+    """Default ``(steps, guidance)`` for a model: the embedded model's own, else 20 / 7.5."""
+    if model_id == DEFAULT_MODEL:
+        try:
+            shapes = importlib.import_module("renderq.models.shapes")
+            return int(shapes.DEFAULT_STEPS), float(shapes.DEFAULT_GUIDANCE)
+        except (ImportError, AttributeError):
+            pass
+    return FALLBACK_STEPS, FALLBACK_GUIDANCE
 
 
 def resolve(model_id: str) -> str:

@@ -17,7 +17,11 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class Progress:
-    """Live counts of one run; ``accepted`` and ``escalated`` include earlier runs."""
+    """Live counts of one run; ``accepted`` and ``escalated`` include earlier runs.
+
+    ``regenerated`` counts regenerations queued in this run; ``regenerating`` holds the
+    prompts whose retry is queued or rendering now.
+    """
 
     total: int
     accepted: int = 0
@@ -25,6 +29,7 @@ class Progress:
     rendered: int = 0
     rendering: int = 0
     regenerated: int = 0
+    regenerating: set[str] = field(default_factory=set)
     resumed: int = 0
     started: float = field(default_factory=time.monotonic)
     accepted_at_start: int = -1

@@ -1,0 +1,89 @@
+"""``renderq calibrate``: pick a CLIP threshold and store it with the scorer's name."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import typer
+
+from renderq.core.errors import RenderqError
+from renderq.engine.models import DEFAULT_SCORER
+from renderq.scoring.calibrate import CALIBRATION_FILE, Calibration
+
+
+def calibrate(
+    dataset: Path = typer.Argument(..., help="JSONL: image (or file_name), prompt[, label]."),
+    scorer: str = typer.Option(DEFAULT_SCORER, help="CLIP model: folder, hub id, embedded:*."),
+    target_precision: float = typer.Option(
+        None, help="Lowest threshold whose accepted images reach this precision (needs labels)."
+    ),
+    target_pass_rate: float = typer.Option(None, help="Threshold passing this share of images."),
+    store: Path = typer.Option(Path(CALIBRATION_FILE), help="Calibration file to update."),
+    device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
+    clipscore_scale: bool = typer.Option(False, "--clipscore-scale", help="100*max(cos, 0)."),
+    batch_size: int = typer.Option(32, help="Images scored per batch."),
+    as_json: bool = typer.Option(False, "--json", help="Print the calibration as JSON."),
+) -> None:
+    """Choose a threshold for a target precision or pass rate; store it for renderq run."""
+    try:
+        cal = run_calibration(
+            dataset, scorer, target_precision, target_pass_rate, store, device,
+            clipscore_scale, batch_size,
+        )  # fmt: skip
+    except RenderqError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(asdict(cal), sort_keys=True))
+    else:
+        extra = "" if cal.recall is None else f", recall {cal.recall:.3f}"
+        typer.echo(
+            f"{cal.scorer} ({cal.scale}): threshold {cal.threshold:.4f} for {cal.method} "
+            f"{cal.target} (achieved {cal.achieved:.3f}{extra}, {cal.n} images) -> {store}"
+        )
+
+
+def run_calibration(
+    dataset: Path,
+    scorer_id: str,
+    target_precision: float | None,
+    target_pass_rate: float | None,
+    store: Path,
+    device: str,
+    scale100: bool,
+    batch_size: int,
+) -> Calibration:
+    """Score the set, choose the threshold, save it; returns the :class:`Calibration`."""
+    from PIL import Image
+
+    from renderq.core.errors import ConfigError
+    from renderq.engine.models import resolve
+    from renderq.scoring import calibrate as cal
+    from renderq.scoring.clip import ClipScorer
+
+    if (target_precision is None) == (target_pass_rate is None):
+        raise ConfigError("give exactly one of --target-precision and --target-pass-rate")
+    items = cal.read_set(dataset)
+    if target_precision is not None and any(i.label is None for i in items):
+        raise ConfigError("--target-precision needs a boolean 'label' on every line")
+    scorer = ClipScorer.load(resolve(scorer_id), device=device, scale100=scale100, name=scorer_id)
+    scores: list[float] = []
+    for start in range(0, len(items), batch_size):
+        chunk = items[start : start + batch_size]
+        images = [Image.open(i.image).convert("RGB") for i in chunk]
+        result = scorer.score(images, [i.prompt for i in chunk])
+        scores += [float(s) for s in result.scores if s is not None]
+    scale = cal.scale_name(scale100)
+    if target_precision is not None:
+        labels = [bool(i.label) for i in items]
+        t, precision, recall = cal.for_precision(scores, labels, target_precision)
+        out = cal.Calibration(scorer_id, scale, t, "precision", target_precision, precision,
+                              len(items), recall)  # fmt: skip
+    else:
+        assert target_pass_rate is not None
+        t, rate = cal.for_pass_rate(scores, target_pass_rate)
+        out = cal.Calibration(scorer_id, scale, t, "pass_rate", target_pass_rate, rate, len(items))
+    cal.save(store, out)
+    return out
