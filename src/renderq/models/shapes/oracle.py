@@ -1,0 +1,167 @@
+"""The pixel oracle: classical image analysis that reads a shapes-world image.
+
+From an image alone it recovers the background colour and each foreground shape's colour
+and kind, without any learned model, so a generated image can be checked against its
+prompt independently of CLIP:
+
+1. background = nearest palette colour to the median of the border pixels;
+2. every pixel gets its nearest palette colour; for each non-background colour the mask is
+   opened (3x3 erosion then dilation) so thin blends along edges do not count as shapes;
+3. connected components above ``min_area`` pixels are shapes; the kind comes from two
+   geometric ratios of the component: top-half/bottom-half area (small for the upright
+   triangle) and fill of the bounding box (near 1 for a square, near pi/4 for a circle).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from renderq.models.shapes.world import COLOURS, PALETTE, parse_caption
+
+_PALETTE_ARRAY = np.array([PALETTE[c] for c in COLOURS], dtype=np.float32)
+
+MIN_AREA = 30
+"""Smallest component (pixels, on a 64x64 image) that counts as a shape."""
+
+
+@dataclass(frozen=True, slots=True)
+class Detection:
+    """One shape the oracle found: kind, colour name, pixel area and bounding box."""
+
+    kind: str
+    colour: str
+    area: int
+    bbox: tuple[int, int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """Everything the oracle read from one image: background colour and shapes, largest first."""
+
+    background: str
+    shapes: tuple[Detection, ...]
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """``(colour, kind)`` of every detected shape, largest first."""
+        return [(d.colour, d.kind) for d in self.shapes]
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """How an image compares with a caption.
+
+    ``subject_ok``: the caption's first shape (colour and kind) is among the detections;
+    this is the check the QA figures use. ``all_ok``: every named shape is found, nothing
+    else is, and the background colour is right.
+    """
+
+    subject_ok: bool
+    all_ok: bool
+    reading: Reading
+
+
+def _nearest_colour_index(pixels: np.ndarray) -> np.ndarray:
+    diff = pixels[..., None, :].astype(np.float32) - _PALETTE_ARRAY
+    index: np.ndarray = np.argmin((diff * diff).sum(axis=-1), axis=-1)
+    return index
+
+
+def _shift_all(mask: np.ndarray, reduce_and: bool) -> np.ndarray:
+    padded = np.pad(mask, 1, constant_values=not reduce_and)
+    h, w = mask.shape
+    out = mask.copy()
+    for dy in (0, 1, 2):
+        for dx in (0, 1, 2):
+            window = padded[dy : dy + h, dx : dx + w]
+            out = (out & window) if reduce_and else (out | window)
+    return out
+
+
+def _open(mask: np.ndarray) -> np.ndarray:
+    eroded = _shift_all(mask, reduce_and=True)
+    opened: np.ndarray = _shift_all(eroded, reduce_and=False) & mask
+    return opened
+
+
+def _components(mask: np.ndarray) -> list[np.ndarray]:
+    """4-connected components of a boolean mask, each as an ``(n, 2)`` array of (y, x)."""
+    seen = np.zeros_like(mask)
+    h, w = mask.shape
+    found: list[np.ndarray] = []
+    for y0, x0 in zip(*np.nonzero(mask), strict=True):
+        if seen[y0, x0]:
+            continue
+        seen[y0, x0] = True
+        queue = deque([(int(y0), int(x0))])
+        members: list[tuple[int, int]] = []
+        while queue:
+            y, x = queue.popleft()
+            members.append((y, x))
+            for ny, nx in ((y - 1, x), (y + 1, x), (y, x - 1), (y, x + 1)):
+                if 0 <= ny < h and 0 <= nx < w and mask[ny, nx] and not seen[ny, nx]:
+                    seen[ny, nx] = True
+                    queue.append((ny, nx))
+        found.append(np.array(members))
+    return found
+
+
+def classify_component(points: np.ndarray) -> str:
+    """Shape kind of a component given as ``(n, 2)`` (y, x) pixel coordinates."""
+    ys, xs = points[:, 0], points[:, 1]
+    y0, y1, x0, x1 = ys.min(), ys.max(), xs.min(), xs.max()
+    height, width = y1 - y0 + 1, x1 - x0 + 1
+    fill = len(points) / float(height * width)
+    mid = (y0 + y1) / 2.0
+    top = float((ys < mid).sum())
+    bottom = float((ys > mid).sum())
+    # An upright triangle holds about a third as much area above its middle as below it.
+    if bottom > 0 and top / bottom < 0.6:
+        return "triangle"
+    return "square" if fill > 0.88 else "circle"
+
+
+def read_image(image: np.ndarray, min_area: int = MIN_AREA) -> Reading:
+    """Read background and shapes from an RGB ``uint8`` (or 0-255 float) ``(H, W, 3)`` array."""
+    pixels = np.asarray(image)
+    if pixels.ndim != 3 or pixels.shape[2] != 3:
+        raise ValueError(f"expected an (H, W, 3) RGB array, got shape {pixels.shape}")
+    scale = pixels.shape[0] / 64.0
+    border = np.concatenate(
+        [pixels[0], pixels[-1], pixels[1:-1, 0], pixels[1:-1, -1]], axis=0
+    ).astype(np.float32)
+    bg_index = int(_nearest_colour_index(np.median(border, axis=0)[None])[0])
+    labels = _nearest_colour_index(pixels)
+    detections: list[Detection] = []
+    for index, colour in enumerate(COLOURS):
+        if index == bg_index:
+            continue
+        mask = _open(labels == index)
+        if not mask.any():
+            continue
+        for points in _components(mask):
+            if len(points) < min_area * scale * scale:
+                continue
+            ys, xs = points[:, 0], points[:, 1]
+            bbox = (int(xs.min()), int(ys.min()), int(xs.max()), int(ys.max()))
+            detections.append(Detection(classify_component(points), colour, len(points), bbox))
+    detections.sort(key=lambda d: -d.area)
+    return Reading(COLOURS[bg_index], tuple(detections))
+
+
+def check(image: np.ndarray, caption: str) -> Verdict:
+    """Compare an image with a grammar caption (see :class:`Verdict`)."""
+    parsed = parse_caption(caption)
+    reading = read_image(image)
+    found = reading.pairs()
+    wanted = [(colour, kind) for kind, colour, _ in parsed.shapes]
+    subject_ok = wanted[0] in found
+    all_ok = sorted(found) == sorted(wanted) and reading.background == parsed.background
+    return Verdict(subject_ok, all_ok, reading)
+
+
+def matches(image: np.ndarray, caption: str) -> bool:
+    """Whether the caption's first shape (colour and kind) is in the image: the QA check."""
+    return check(image, caption).subject_ok
