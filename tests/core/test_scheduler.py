@@ -237,3 +237,13 @@ def test_without_the_gate_images_are_accepted_but_render_errors_still_retry() ->
     assert {e.request.id: type(e).__name__ for e in ev} == {"r0": "ToScore", "r1": "Regenerating"}
     [acc] = s.on_scores(["r0"], ScoreResult((None,), 0.0, "gpu0"), 1.0)
     assert isinstance(acc, Accepted)
+
+
+def test_a_request_may_skip_the_gate_while_others_keep_it() -> None:
+    s = Scheduler(Dynamic(0, 4), qa=QAPolicy(threshold=0.5, max_attempts=2))
+    s.submit(Request("free", "a red circle", K0, qa=False), 0.0)
+    s.submit(Request("gated", "a red circle", K0), 0.0)
+    [b] = s.schedule(0.0, {"gpu0": 1})
+    s.on_result(ok(b.id, list(b.requests)), 1.0)
+    ev = s.on_scores(["free", "gated"], ScoreResult((0.1, 0.1), 0.1, "gpu0"), 1.0)
+    assert [type(e).__name__ for e in ev] == ["Accepted", "Regenerating"]

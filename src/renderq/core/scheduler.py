@@ -280,7 +280,7 @@ class Scheduler:
             if rec.cancel_requested:
                 self._move(rec, _S.CANCELLED)
                 events.append(Cancelled(rec.request, tuple(rec.history)))
-            elif self.qa.decide(score, rec.request.attempt) is Verdict.ACCEPT:
+            elif not rec.request.qa or self.qa.decide(score, rec.request.attempt) is Verdict.ACCEPT:
                 self._move(rec, _S.ACCEPTED)
                 self.ledger.count_accepted()
                 events.append(Accepted(rec.request, tuple(rec.history), score=score))

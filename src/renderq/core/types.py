@@ -125,6 +125,8 @@ class Request:
     negative_prompt: str = ""
     tenant: str = ""
     job: str = ""
+    #: False skips the quality gate for this request: any rendered image is accepted.
+    qa: bool = True
 
     def __post_init__(self) -> None:
         if not self.id:
