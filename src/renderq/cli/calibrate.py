@@ -27,6 +27,9 @@ def calibrate(
     as_json: bool = typer.Option(False, "--json", help="Print the calibration as JSON."),
 ) -> None:
     """Choose a threshold for a target precision or pass rate; store it for renderq run."""
+    from renderq.executors.diffusers import quiet_libraries
+
+    quiet_libraries()
     try:
         cal = run_calibration(
             dataset, scorer, target_precision, target_pass_rate, store, device,

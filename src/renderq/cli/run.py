@@ -44,6 +44,7 @@ def run(
 ) -> None:
     """Render every prompt, gate it with CLIP, regenerate failures, write a dataset."""
     from renderq.engine.job import RunSettings, run_job
+    from renderq.executors.diffusers import quiet_libraries
 
     try:
         default_steps, default_guidance = model_defaults(model)
@@ -67,6 +68,7 @@ def run(
             scale100=clipscore_scale,
             max_queue_delay_s=max_queue_delay,
         )
+        quiet_libraries()
         if threads > 0:
             import torch
 

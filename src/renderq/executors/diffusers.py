@@ -12,6 +12,7 @@ cap for the rest of the run.
 from __future__ import annotations
 
 import gc
+import importlib
 import inspect
 import time
 import warnings
@@ -55,6 +56,17 @@ def check_device(device: str) -> str:
             raise ConfigError(f"device {device!r} asked for, but torch sees no CUDA device")
         return device
     raise ConfigError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
+
+
+def quiet_libraries() -> None:
+    """Silence diffusers' and transformers' loading bars and warnings (the CLI draws its own)."""
+    for module in ("diffusers.utils.logging", "transformers.utils.logging"):
+        try:
+            lib_logging = importlib.import_module(module)
+        except ImportError:
+            continue
+        lib_logging.set_verbosity_error()
+        lib_logging.disable_progress_bar()
 
 
 def is_oom(exc: BaseException) -> bool:
