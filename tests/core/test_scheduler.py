@@ -247,3 +247,17 @@ def test_a_request_may_skip_the_gate_while_others_keep_it() -> None:
     s.on_result(ok(b.id, list(b.requests)), 1.0)
     ev = s.on_scores(["free", "gated"], ScoreResult((0.1, 0.1), 0.1, "gpu0"), 1.0)
     assert [type(e).__name__ for e in ev] == ["Accepted", "Regenerating"]
+
+
+def test_forget_drops_only_ended_requests() -> None:
+    s = Scheduler(AdHoc())
+    s.submit(req(0), 0.0)
+    with pytest.raises(ConfigError, match="queued"):
+        s.forget("r0")
+    s.submit(req(1), 0.0)
+    s.cancel("r0", 0.0)
+    s.forget("r0")
+    with pytest.raises(UnknownRequest):
+        s.state("r0")
+    [b] = s.schedule(0.0, {"gpu0": 1})  # the forgotten entry is skipped, not a KeyError
+    assert b.requests[0].id == "r1" and list(s.states()) == ["r1"]

@@ -298,6 +298,13 @@ class Scheduler:
             q.inflight -= 1
             self._enqueue(self._records[req.id], q, now)
 
+    def forget(self, request_id: str) -> None:
+        """Drop a terminal request's record (long-running services call this to bound memory)."""
+        rec = self._record(request_id)
+        if rec.state not in TERMINAL:
+            raise ConfigError(f"request {request_id!r} is {rec.state.value}; only ended ones go")
+        del self._records[request_id]
+
     def lower_cap(self, key: BatchKey, cap: int) -> None:
         """Lower a key's batch cap for the rest of the run (after an out-of-memory batch)."""
         q = self._queue(key)
@@ -327,9 +334,9 @@ class Scheduler:
             dq = q.levels[prio]
             while dq and len(taken) < n:
                 _, rid = dq.popleft()
-                rec = self._records[rid]
-                if rec.state is not _S.QUEUED:
-                    continue  # cancelled while queued
+                rec = self._records.get(rid)
+                if rec is None or rec.state is not _S.QUEUED:
+                    continue  # cancelled while queued (and perhaps forgotten since)
                 self._move(rec, _S.RUNNING)
                 q.live_by_level[prio] -= 1
                 taken.append(rec.request)
@@ -346,12 +353,16 @@ class Scheduler:
         best_prio: int | None = None
         oldest = float("inf")
         for prio, dq in q.levels.items():
-            while dq and self._records[dq[0][1]].state is not _S.QUEUED:
+            while dq and not self._is_queued(dq[0][1]):
                 dq.popleft()
             if dq:
                 oldest = min(oldest, dq[0][0])
                 best_prio = prio if best_prio is None else max(best_prio, prio)
         return (best_prio or 0, oldest)
+
+    def _is_queued(self, request_id: str) -> bool:
+        rec = self._records.get(request_id)
+        return rec is not None and rec.state is _S.QUEUED
 
     def _view(self, key: BatchKey, q: _KeyQueue) -> QueueView:
         cost = self._stage_cost(key)
