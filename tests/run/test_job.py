@@ -127,3 +127,23 @@ def test_second_process_refused(
     s.out.mkdir()
     with FolderLock(s.out), pytest.raises(JobLocked, match="another renderq process"):
         run_job(s, executor=executor, scorer=scorer)
+
+
+def test_every_mode_accepts_the_same_images(
+    tmp_path: Path, tiny_model: Path, tiny_clip: Path, executor: DiffusersExecutor,
+    scorer: ClipScorer,
+) -> None:  # fmt: skip
+    """Batching changes cost, not results: each prompt ends the same way in every mode."""
+    outcomes = {}
+    for mode in ("adhoc", "dynamic", "window"):
+        (tmp_path / mode).mkdir()
+        s = _settings(tmp_path / mode, tiny_model, tiny_clip, mode=mode, max_queue_delay_s=0.05)
+        summary = run_job(s, executor=executor, scorer=scorer)
+        meta = _meta(s.out)
+        outcomes[mode] = {i: (r["attempt"], r["seed"]) for i, r in meta.items()}
+        if mode == "adhoc":
+            assert summary.mean_batch_size == 1.0
+        else:
+            assert summary.mean_batch_size > 1.0
+    assert outcomes["adhoc"] == outcomes["dynamic"] == outcomes["window"]
+    assert any(attempt > 0 for attempt, _ in outcomes["window"].values())
