@@ -1,0 +1,201 @@
+"""Train mini-SD's ``UNet2DConditionModel`` by DDPM noise prediction in the VAE's latent space.
+
+A fixed dataset of world images is encoded once (latent means, scaled like Stable
+Diffusion's) together with the frozen text tower's hidden states for each distinct caption.
+Training draws batches from it with a seeded per-step generator, drops 10% of captions to
+the empty prompt so classifier-free guidance works, weights the loss with min-SNR (gamma 5)
+for faster convergence, and keeps an exponential moving average of the weights for export.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from pathlib import Path
+from typing import Any
+
+from renderq.models.shapes import common
+
+UNET_SEED = 3
+"""Seed of the latent dataset, the batch stream and initial weights."""
+
+DATASET_SIZE = 20_000
+"""World images encoded once into the latent training set."""
+
+CAPTION_DROPOUT = 0.1
+"""Share of training captions replaced by the empty prompt."""
+
+TRAIN_TIMESTEPS = 1000
+BETA_START = 0.00085
+BETA_END = 0.012
+
+
+def noise_scheduler_config() -> dict[str, Any]:
+    """The noise schedule shared by training and the shipped inference scheduler."""
+    return {
+        "num_train_timesteps": TRAIN_TIMESTEPS,
+        "beta_start": BETA_START,
+        "beta_end": BETA_END,
+        "beta_schedule": "scaled_linear",
+        "prediction_type": "epsilon",
+    }
+
+
+def unet_model(cross_attention_dim: int = 128) -> Any:
+    """A fresh tiny ``UNet2DConditionModel`` over 16x16x4 latents with cross-attention."""
+    from diffusers import UNet2DConditionModel
+
+    return UNet2DConditionModel(
+        sample_size=16,
+        in_channels=4,
+        out_channels=4,
+        down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
+        block_out_channels=(32, 64, 64),
+        layers_per_block=1,
+        cross_attention_dim=cross_attention_dim,
+        attention_head_dim=4,
+        norm_num_groups=16,
+    )
+
+
+def encode_prompts(text_encoder: Any, tok: Any, prompts: list[str]) -> Any:
+    """Hidden states of ``prompts`` exactly as ``StableDiffusionPipeline`` computes them."""
+    import torch
+
+    ids = tok(
+        prompts,
+        padding="max_length",
+        max_length=tok.model_max_length,
+        truncation=True,
+        return_tensors="pt",
+    ).input_ids
+    with torch.no_grad():
+        return torch.cat([text_encoder(chunk)[0] for chunk in ids.split(512)])
+
+
+def build_latent_dataset(checkpoints: Path) -> dict[str, Any]:
+    """Encode ``DATASET_SIZE`` world images and their captions; cached under ``checkpoints``."""
+    import torch
+    from diffusers import AutoencoderKL
+    from transformers import CLIPTextModel, CLIPTokenizer
+
+    path = checkpoints / "unet" / "latents.pt"
+    cached = common.load_checkpoint(path)
+    if cached is not None:
+        return cached
+    clip_dir = checkpoints / "export" / "clip"
+    vae = AutoencoderKL.from_pretrained(checkpoints / "export" / "vae").eval()
+    text_encoder = CLIPTextModel.from_pretrained(clip_dir).eval()
+    tok = CLIPTokenizer.from_pretrained(clip_dir)
+    rng = random.Random(UNET_SEED)
+    latents = []
+    captions: list[str] = []
+    for _ in range(DATASET_SIZE // 500):
+        images, caps = common.world_batch(rng, 500)
+        with torch.no_grad():
+            latents.append(vae.encode(images).latent_dist.mean * vae.config.scaling_factor)
+        captions += caps
+    unique = sorted(set(captions))
+    index = {c: i for i, c in enumerate(unique)}
+    data = {
+        "latents": torch.cat(latents),
+        "caption_ids": torch.tensor([index[c] for c in captions]),
+        "embeddings": encode_prompts(text_encoder, tok, unique),
+        "empty": encode_prompts(text_encoder, tok, [""]),
+    }
+    common.save_checkpoint(path, data)
+    print(f"[unet] encoded {len(captions)} images, {len(unique)} distinct captions", flush=True)
+    return data
+
+
+def _ema_update(ema: Any, model: Any, decay: float) -> None:
+    import torch
+
+    with torch.no_grad():
+        for e, p in zip(ema.parameters(), model.parameters(), strict=True):
+            e.mul_(decay).add_(p.detach(), alpha=1 - decay)
+
+
+def train_unet(
+    checkpoints: Path,
+    steps: int = 4000,
+    batch_size: int = 32,
+    resume: bool = True,
+    checkpoint_every: int = 100,
+    lr: float = 1e-3,
+) -> Path:
+    """Train (or resume) the UNet; the EMA weights go to ``checkpoints/export/unet``."""
+    import torch
+    from diffusers import DDPMScheduler
+
+    data = build_latent_dataset(checkpoints)
+    torch.manual_seed(UNET_SEED)
+    unet = unet_model(int(data["embeddings"].shape[-1]))
+    ema = copy.deepcopy(unet).requires_grad_(False)
+    optimizer = torch.optim.AdamW(unet.parameters(), lr=lr, weight_decay=0.01)
+    ckpt_path = checkpoints / "unet" / "ckpt.pt"
+    start = 0
+    state = common.load_checkpoint(ckpt_path) if resume else None
+    if state is not None:
+        unet.load_state_dict(state["model"])
+        ema.load_state_dict(state["ema"])
+        optimizer.load_state_dict(state["optimizer"])
+        start = int(state["step"])
+        print(f"[unet] resumed at step {start}", flush=True)
+    scheduler = DDPMScheduler(**noise_scheduler_config())
+    alphas = scheduler.alphas_cumprod
+    snr = alphas / (1 - alphas)
+    n = data["latents"].shape[0]
+    progress = common.Progress("unet", steps)
+    unet.train()
+    for step in range(start, steps):
+        gen = torch.Generator().manual_seed(UNET_SEED * 1_000_003 + step)
+        idx = torch.randint(0, n, (batch_size,), generator=gen)
+        latents = data["latents"][idx]
+        cond = data["embeddings"][data["caption_ids"][idx]]
+        drop = torch.rand(batch_size, generator=gen) < CAPTION_DROPOUT
+        cond = torch.where(drop[:, None, None], data["empty"].expand_as(cond), cond)
+        noise = torch.randn(latents.shape, generator=gen)
+        t = torch.randint(0, TRAIN_TIMESTEPS, (batch_size,), generator=gen)
+        noisy = scheduler.add_noise(latents, noise, t)
+        for group in optimizer.param_groups:
+            group["lr"] = common.cosine_lr(step, steps, lr, 200)
+        pred = unet(noisy, t, encoder_hidden_states=cond).sample
+        weight = torch.clamp(snr[t], max=5.0) / snr[t]
+        loss = (weight * ((pred - noise) ** 2).mean(dim=(1, 2, 3))).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(unet.parameters(), 1.0)
+        optimizer.step()
+        # Short warm-up of the average: early weights are noise and should not linger.
+        _ema_update(ema, unet, min(0.998, (1 + step) / (10 + step)))
+        progress.update(step, float(loss.detach()))
+        if (step + 1) % checkpoint_every == 0 or step + 1 == steps:
+            common.save_checkpoint(
+                ckpt_path,
+                {
+                    "model": unet.state_dict(),
+                    "ema": ema.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "step": step + 1,
+                },
+            )
+    return export_unet(checkpoints)
+
+
+def export_unet(checkpoints: Path) -> Path:
+    """Write the EMA weights of the latest UNet checkpoint to ``checkpoints/export/unet``."""
+    import json
+
+    state = common.load_checkpoint(checkpoints / "unet" / "ckpt.pt")
+    if state is None:
+        raise FileNotFoundError(f"no UNet checkpoint under {checkpoints / 'unet'}")
+    clip_config = json.loads((checkpoints / "export" / "clip" / "config.json").read_text())
+    unet = unet_model(int(clip_config["text_config"]["hidden_size"]))
+    unet.load_state_dict(state["ema"])
+    out = checkpoints / "export" / "unet"
+    unet.save_pretrained(out, safe_serialization=True)
+    (out / "train_step.txt").write_text(f"{state['step']}\n", encoding="utf-8")
+    print(f"[unet] exported EMA weights of step {state['step']}", flush=True)
+    return out
