@@ -22,6 +22,7 @@ import pytest
 from renderq.engine.job import RunSettings, run_job
 from renderq.executors.diffusers import DiffusersExecutor
 from renderq.scoring.clip import ClipScorer
+from renderq.store.lock import FolderLock
 
 from .conftest import PROMPTS, settings_kwargs, write_prompts
 
@@ -90,21 +91,20 @@ def test_sigkill_at_several_points_then_resume(
     db = out / "renderq.sqlite"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     rng = random.Random(4)
+    out.mkdir()
+    with FolderLock(out):
+        # A second process on a folder that a live process holds is refused at once.
+        second = subprocess.run(
+            _cli(prompts, out, tiny_model, tiny_clip), env=env, capture_output=True
+        )
+    assert second.returncode == 2
+    assert b"another renderq process" in second.stderr
     kills = 0
     for point in (0, 5, 11):
         proc = subprocess.Popen(
             _cli(prompts, out, tiny_model, tiny_clip), env=env,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        if point == 0:
-            # While it runs, a second process on the same folder is refused at once.
-            while not (out / ".renderq.lock").exists():
-                time.sleep(0.02)
-            second = subprocess.run(
-                _cli(prompts, out, tiny_model, tiny_clip), env=env, capture_output=True
-            )
-            assert second.returncode == 2
-            assert b"another renderq process" in second.stderr
         kills += _kill_when(proc, db, point, rng)
     assert kills >= 2, "the runs finished before they could be killed"
     final = subprocess.run(_cli(prompts, out, tiny_model, tiny_clip), env=env, capture_output=True)
