@@ -78,6 +78,9 @@ def run(
     except RenderqError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted; run the same command again to resume {out}", err=True)
+        raise typer.Exit(130) from None
     if as_json:
         typer.echo(json.dumps(summary.to_dict(), sort_keys=True))
     else:

@@ -377,45 +377,26 @@ def _drive(
 ) -> RunSummary:
     started = time.monotonic()
     writer = DatasetWriter(settings.out)
-    run = store.start_run(os.getpid(), settings.mode)
-    todo, exhausted = resume_points(store, settings.max_attempts)
-    if exhausted:
-        store.commit_step(
-            run, [], [Outcome(r, "escalated", settings.max_attempts - 1) for r in exhausted], []
-        )
-    refresh_views(store, writer)
-    ledger = restore_ledger(store)
+    run, todo = _begin_run(settings, store, writer)
     sched = Scheduler(
         policy,
         qa=QAPolicy(threshold=settings.threshold, max_attempts=settings.max_attempts),
         default_cap=settings.max_batch_size,
-        ledger=ledger,
+        ledger=restore_ledger(store),
     )
+    writer.write_ledger(sched.ledger.report().to_dict())
     all_rows = store.requests()
     counts = store.counts()
     progress = Progress(
-        total=len(all_rows),
-        accepted=counts.get("accepted", 0),
-        escalated=counts.get("escalated", 0),
-        resumed=len(all_rows) - len(todo) - counts.get("accepted", 0) - counts.get("escalated", 0),
+        len(all_rows), accepted=counts.get("accepted", 0), escalated=counts.get("escalated", 0)
     )
-    listener = JobListener(
-        store,
-        writer,
-        run,
-        settings,
-        {r.prompt.id: r.prompt for r in all_rows},
-        progress,
-        store.job_config() or {},
-        on_progress,
-    )
+    prompts = {r.prompt.id: r.prompt for r in all_rows}
+    config = store.job_config() or {}
+    listener = JobListener(store, writer, run, settings, prompts, progress, config, on_progress)
     engine = RealtimeEngine(
-        sched,
-        {executor.device_class: executor},
-        scorer,
-        listener,
+        sched, {executor.device_class: executor}, scorer, listener,
         score_batch_size=settings.score_batch_size,
-    )
+    )  # fmt: skip
     for row in all_rows:
         if row.prompt.id in todo:
             engine.submit(_request(row, todo[row.prompt.id], settings, executor))
@@ -426,14 +407,21 @@ def _drive(
     report = sched.ledger.report()
     writer.write_ledger(report.to_dict())
     store.finish_run(run)
-    return summarise(
-        settings,
-        store,
-        report,
-        listener.batch_sizes,
-        time.monotonic() - started,
-        submitted=len(todo),
-    )
+    wall = time.monotonic() - started
+    return summarise(settings, store, report, listener.batch_sizes, wall, submitted=len(todo))
+
+
+def _begin_run(
+    settings: RunSettings, store: JobStore, writer: DatasetWriter
+) -> tuple[int, dict[str, int]]:
+    """Record the run, settle what a crash left behind, and say what to submit."""
+    run = store.start_run(os.getpid(), settings.mode)
+    todo, exhausted = resume_points(store, settings.max_attempts)
+    if exhausted:
+        last = settings.max_attempts - 1
+        store.commit_step(run, [], [Outcome(r, "escalated", last) for r in exhausted], [])
+    refresh_views(store, writer)
+    return run, todo
 
 
 def refresh_views(store: JobStore, writer: DatasetWriter) -> None:

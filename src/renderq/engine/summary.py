@@ -30,7 +30,6 @@ class Progress:
     rendering: int = 0
     regenerated: int = 0
     regenerating: set[str] = field(default_factory=set)
-    resumed: int = 0
     started: float = field(default_factory=time.monotonic)
     accepted_at_start: int = -1
 
