@@ -9,7 +9,7 @@ import pytest
 
 from renderq.core.errors import ConfigError
 from renderq.core.types import Batch, BatchKey, Request
-from renderq.executors.diffusers import DiffusersExecutor
+from renderq.executors.diffusers import DiffusersExecutor, torch_dtype
 from renderq.executors.faults import FaultyPipeline
 
 from .conftest import PROMPTS
@@ -95,3 +95,11 @@ def test_bad_precision_and_device() -> None:
         DiffusersExecutor.load("/nowhere", precision="fp8")
     with pytest.raises(ConfigError, match="device"):
         DiffusersExecutor.load("/nowhere", device="tpu")
+
+
+def test_bf16_renders(tiny_model: Path) -> None:
+    ex = DiffusersExecutor.load(str(tiny_model), precision="bf16", name="tiny-sd")
+    assert ex.pipeline.unet.dtype == torch_dtype("bf16")
+    result = ex.run(_batch(ex, 2))
+    assert all(it.ok for it in result.items)
+    assert result.items[0].image.dtype == np.uint8
