@@ -1,0 +1,66 @@
+"""Model ids: the embedded names, and a run on the embedded models once they are shipped."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from renderq.cli.main import app
+from renderq.core.errors import ConfigError
+from renderq.engine.models import DEFAULT_MODEL, DEFAULT_SCORER, model_defaults, resolve
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "src" / "renderq" / "examples" / "shapes-200.txt"
+
+
+def _embedded() -> bool:
+    try:
+        resolve(DEFAULT_MODEL)
+        resolve(DEFAULT_SCORER)
+    except ConfigError:
+        return False
+    return True
+
+
+def test_plain_ids_pass_through() -> None:
+    assert resolve("org/some-model") == "org/some-model"
+    assert resolve("./local/folder") == "./local/folder"
+
+
+def test_unknown_embedded_name() -> None:
+    with pytest.raises(ConfigError, match="unknown embedded model 'embedded:nope'"):
+        resolve("embedded:nope")
+
+
+def test_embedded_missing_or_present_is_clear() -> None:
+    if _embedded():
+        assert Path(resolve(DEFAULT_MODEL), "model_index.json").is_file()
+    else:
+        with pytest.raises(ConfigError, match="not installed"):
+            resolve(DEFAULT_MODEL)
+    steps, guidance = model_defaults("some/other-model")
+    assert (steps, guidance) == (20, 7.5)
+
+
+def test_example_prompts_are_shapes_captions() -> None:
+    lines = EXAMPLES.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 200 and len(set(lines)) == 200
+    world = pytest.importorskip("renderq.models.shapes.world")
+    for line in lines:
+        world.parse_caption(line)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _embedded(), reason="the embedded models are not built")
+def test_run_on_the_embedded_models(tmp_path: Path) -> None:
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("\n".join(EXAMPLES.read_text().splitlines()[:4]) + "\n")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["run", str(prompts), "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["accepted"] + summary["escalated"] == 4
+    rows = [json.loads(x) for x in (out / "metadata.jsonl").read_text().splitlines()]
+    assert all(r["model"] == DEFAULT_MODEL and (out / r["file_name"]).is_file() for r in rows)
