@@ -72,6 +72,9 @@ def test_nan_item_only_that_item_regenerated(
     try:
         tries = store.attempts()["p000003"]
         assert tries[0].error is not None and "NaN" in tries[0].error and tries[1].score is not None
+        scores = {(r, a): (sc, x) for r, a, sc, x in store.scores()}
+        assert ("p000003", 0) not in scores and len(scores) == len(PROMPTS)
+        assert scores[("p000003", 1)] == (s.scorer, tries[1].score)
     finally:
         store.close()
 

@@ -162,7 +162,7 @@ class JobListener:
                 )
             elif isinstance(ev, Escalated):
                 outcomes.append(Outcome(ev.request.id, "escalated", last.attempt, last.score))
-        self.store.commit_step(self.run, attempts, outcomes, step.ledger)
+        self.store.commit_step(self.run, attempts, outcomes, step.ledger, self.settings.scorer)
         meta = [
             metadata_row(
                 self.prompts[o.request_id],

@@ -3,10 +3,11 @@
 One database per output folder, in WAL mode, with a schema version in ``meta``. Tables:
 ``jobs`` (the job's settings), ``runs`` (each process that worked on it), ``requests``
 (one row per prompt and its terminal state), ``attempts`` (every scored or failed
-attempt: seed, batch, score, error) and ``ledger`` (device-seconds per stage and device
-class, one row per booking). Each scheduler step that changes state (a render batch
-coming back, a score batch coming back) is committed in one transaction with the ledger
-rows it booked, so a crash leaves either all of a step or none of it.
+attempt: seed, batch, score, error), ``scores`` (each score with the scorer that gave
+it) and ``ledger`` (device-seconds per stage and device class, one row per booking).
+Each scheduler step that changes state (a render batch coming back, a score batch
+coming back) is committed in one transaction with the ledger rows it booked, so a crash
+leaves either all of a step or none of it.
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ CREATE TABLE IF NOT EXISTS attempts (
 CREATE TABLE IF NOT EXISTS ledger (
     id INTEGER PRIMARY KEY AUTOINCREMENT, run INTEGER NOT NULL, stage TEXT NOT NULL,
     device_class TEXT NOT NULL, seconds REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS scores (
+    request_id TEXT NOT NULL, attempt INTEGER NOT NULL, scorer TEXT NOT NULL,
+    score REAL NOT NULL, run INTEGER NOT NULL,
+    PRIMARY KEY (request_id, attempt, scorer),
+    FOREIGN KEY (request_id, attempt) REFERENCES attempts(request_id, attempt));
 CREATE INDEX IF NOT EXISTS requests_state ON requests(state);
 """
 
@@ -186,9 +192,11 @@ class JobStore:
         attempts: Iterable[AttemptRow],
         outcomes: Iterable[Outcome],
         ledger: Iterable[tuple[str, str, float]],
+        scorer: str = "",
     ) -> None:
         """Commit one scheduler step: ended attempts, terminal states and ledger bookings."""
         now = time.time()
+        attempts = list(attempts)
         with _tx(self._conn):
             self._conn.executemany(
                 "INSERT OR REPLACE INTO attempts VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -204,6 +212,14 @@ class JobStore:
                         a.error,
                     )
                     for a in attempts
+                ],
+            )
+            self._conn.executemany(
+                "INSERT OR REPLACE INTO scores VALUES (?, ?, ?, ?, ?)",
+                [
+                    (a.request_id, a.attempt, scorer, a.score, run)
+                    for a in attempts
+                    if a.score is not None
                 ],
             )
             for o in outcomes:
@@ -257,6 +273,13 @@ class JobStore:
         ):
             out.setdefault(r[0], []).append(AttemptRow(*r))
         return out
+
+    def scores(self) -> list[tuple[str, int, str, float]]:
+        """Every score: ``(request_id, attempt, scorer, score)``."""
+        rows = self._conn.execute(
+            "SELECT request_id, attempt, scorer, score FROM scores ORDER BY request_id, attempt"
+        )
+        return [(str(r), int(a), str(s), float(x)) for r, a, s, x in rows]
 
     def attempts_of(self, request_id: str) -> list[AttemptRow]:
         """Every ended attempt of one request, in attempt order."""
