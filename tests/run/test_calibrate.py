@@ -77,3 +77,13 @@ def test_calibrate_command_on_images(tmp_path: Path, tiny_clip: Path) -> None:
     bad = CliRunner().invoke(app, [str(data), "--scorer", str(tiny_clip), "--target-precision",
                                    "0.9", "--store", str(store)])  # fmt: skip
     assert bad.exit_code == 2 and "needs a boolean 'label'" in bad.stderr
+
+
+def test_run_threshold_precedence(tmp_path: Path) -> None:
+    from renderq.cli.run import DEFAULT_THRESHOLD, pick_threshold
+
+    path = tmp_path / "cal.json"
+    assert pick_threshold(path, "some/clip", False) == DEFAULT_THRESHOLD
+    cal.save(path, cal.Calibration("some/clip", "cosine", 0.31, "pass_rate", 0.9, 0.9, 50))
+    assert pick_threshold(path, "some/clip", False) == 0.31
+    assert pick_threshold(path, "some/clip", True) == DEFAULT_THRESHOLD  # other scale

@@ -10,12 +10,25 @@ from typing import Any
 import typer
 
 from renderq.core.errors import RenderqError
-from renderq.engine.models import DEFAULT_MODEL, DEFAULT_SCORER, model_defaults
+from renderq.engine.models import (
+    DEFAULT_MODEL,
+    DEFAULT_SCORER,
+    model_defaults,
+    scorer_default_threshold,
+)
 from renderq.engine.summary import Progress, RunSummary
 from renderq.scoring.calibrate import CALIBRATION_FILE, lookup, scale_name
 
 DEFAULT_THRESHOLD = 0.25
 """Cosine threshold used when none is given and none is calibrated for the scorer."""
+
+
+def pick_threshold(calibration: Path, scorer: str, scale100: bool) -> float:
+    """The threshold when none is given: calibrated, else the scorer's own, else 0.25."""
+    found = lookup(calibration, scorer, scale_name(scale100))
+    if found is None and not scale100:
+        found = scorer_default_threshold(scorer)
+    return DEFAULT_THRESHOLD if found is None else found
 
 
 def run(
@@ -25,7 +38,7 @@ def run(
     model: str = typer.Option(DEFAULT_MODEL, help="Pipeline: folder, hub id, embedded:*."),
     scorer: str = typer.Option(DEFAULT_SCORER, help="CLIP model: folder, hub id, embedded:*."),
     threshold: float = typer.Option(
-        None, help="Accept scores >= this (default: the calibrated value, else 0.25)."
+        None, help="Accept scores >= this (default: calibrated, else the scorer's, else 0.25)."
     ),
     calibration: Path = typer.Option(Path(CALIBRATION_FILE), help="Calibration file to read."),
     max_attempts: int = typer.Option(3, help="Renders per prompt in all, first one included."),
@@ -49,8 +62,7 @@ def run(
     try:
         default_steps, default_guidance = model_defaults(model)
         if threshold is None:
-            found = lookup(calibration, scorer, scale_name(clipscore_scale))
-            threshold = DEFAULT_THRESHOLD if found is None else found
+            threshold = pick_threshold(calibration, scorer, clipscore_scale)
         settings = RunSettings(
             prompts=prompts,
             out=out,

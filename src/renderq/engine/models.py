@@ -69,3 +69,15 @@ def resolve(model_id: str) -> str:
             "shipped weights); pass --model/--scorer with a diffusers/CLIP folder or hub id"
         )
     return str(path)
+
+
+def scorer_default_threshold(scorer_id: str) -> float | None:
+    """The embedded CLIP's own threshold (``renderq.models.shapes.DEFAULT_THRESHOLD``), if any."""
+    if scorer_id != DEFAULT_SCORER:
+        return None
+    try:
+        shapes = importlib.import_module("renderq.models.shapes")
+    except ImportError:
+        return None
+    value = getattr(shapes, "DEFAULT_THRESHOLD", None)
+    return float(value) if isinstance(value, int | float) else None
