@@ -234,8 +234,8 @@ class DiffusersExecutor:
     def _call(self, reqs: Sequence[Request]) -> Any:
         torch = import_torch()
         key = reqs[0].key
-        gen_device = "cpu" if self.device == "cpu" else self.device
-        generators = [torch.Generator(device=gen_device).manual_seed(r.seed) for r in reqs]
+        # One generator per request, on the device: the image depends on its seed alone.
+        generators = [torch.Generator(device=self.device).manual_seed(r.seed) for r in reqs]
         kwargs: dict[str, Any] = {
             "prompt": [r.prompt for r in reqs],
             "height": key.height,
