@@ -7,6 +7,7 @@ import typer
 from renderq.cli.bench import bench_command
 from renderq.cli.profile import profile_command
 from renderq.cli.run import run as run_command
+from renderq.cli.serve import serve_command
 from renderq.cli.simulate import simulate_command
 
 app = typer.Typer(
@@ -28,3 +29,4 @@ app.command("simulate")(simulate_command)
 app.command("run")(run_command)
 app.command("profile")(profile_command)
 app.command("bench")(bench_command)
+app.command("serve")(serve_command)

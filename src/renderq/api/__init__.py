@@ -1,0 +1,1 @@
+"""renderq serve: the HTTP service for interactive renders and bulk jobs."""

@@ -1,0 +1,580 @@
+"""The service behind ``renderq serve``: one device pool, one scheduler, many callers.
+
+HTTP handlers never touch the scheduler: every submit, cancel and snapshot runs on the
+engine's loop thread through ``RealtimeEngine.call``, and results come back through
+futures that the service's listener resolves from the engine's steps. Interactive
+requests ride at priority 10-19, bulk jobs at 0-9, so interactive work always goes first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import os
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from renderq.api.config import ServiceConfig
+from renderq.api.jobs import SEP, JobBook, ServiceJob, job_shares
+from renderq.api.metrics import Metrics
+from renderq.core.admission import AdmissionConfig
+from renderq.core.cost import LatencyCurve, StageCost
+from renderq.core.errors import ConfigError, UnknownRequest
+from renderq.core.events import Accepted, Cancelled, Escalated, Event, Regenerating
+from renderq.core.policies import Dynamic
+from renderq.core.qa import QAPolicy
+from renderq.core.scheduler import Scheduler
+from renderq.core.types import TERMINAL, Batch, BatchKey, Request, RequestState
+from renderq.engine.models import resolve
+from renderq.engine.realtime import RealtimeEngine, Step
+from renderq.executors.base import Executor
+from renderq.scoring.base import Scorer
+
+INTERACTIVE_PRIORITY = 10
+
+
+class Refused(Exception):
+    """A request the service will not take now: HTTP status, reason and retry hint."""
+
+    def __init__(self, status: int, reason: str, detail: str, retry_after_s: float = 1.0):
+        super().__init__(detail)
+        self.status, self.reason, self.detail = status, reason, detail
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True, slots=True)
+class ImageResult:
+    """The final answer for one interactive image."""
+
+    request_id: str
+    image: Any
+    seed: int
+    attempts: int
+    score: float | None
+    state: str
+    batch_id: int
+    batch_size: int
+
+
+@dataclass(slots=True)
+class _Outstanding:
+    tenant: str
+    submitted: float
+    future: Future[ImageResult] | None = None
+    qa: bool = True
+
+
+@dataclass(slots=True)
+class Defaults:
+    """What the loaded model renders unless a request says otherwise."""
+
+    width: int
+    height: int
+    steps: int
+    guidance: float
+    threshold: float
+    sampler: str
+
+
+@dataclass(slots=True)
+class _Stats:
+    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
+    batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=100))
+    served: int = 0
+    rejected: int = 0
+
+
+class RenderService:
+    """Owns the model, the scheduler and the engine thread; thread-safe entry points."""
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        *,
+        load: Callable[[ServiceConfig], tuple[Executor, Scorer, Defaults]] | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.ready = threading.Event()
+        self.load_error: str | None = None
+        self.draining = False
+        self._load = load or load_models
+        self._engine: RealtimeEngine | None = None
+        self._sched: Scheduler | None = None
+        self._thread: threading.Thread | None = None
+        self._out: dict[str, _Outstanding] = {}
+        self._tenant_queued: dict[str, int] = {}
+        self._ids = itertools.count()
+        self._nonce = uuid.uuid4().hex[:6]
+        self._stats = _Stats()
+        self.defaults: Defaults | None = None
+        self.jobs = JobBook(config.data_dir / "jobs")
+
+    # -- life cycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Load the model in the background; ``ready`` is set once it can serve."""
+        threading.Thread(target=self._start, daemon=True, name="renderq-load").start()
+
+    def _start(self) -> None:
+        try:
+            executor, scorer, self.defaults = self._load(self.config)
+            cost = warm_up(executor, self.defaults, self.config.max_batch_size)
+            self._sched = Scheduler(
+                Dynamic(self.config.max_queue_delay_s, self.config.max_batch_size),
+                qa=QAPolicy(self.defaults.threshold, self.config.max_attempts),
+                cost=lambda key: scaled_cost(cost, key, self.defaults),  # type: ignore[arg-type]
+                admission=AdmissionConfig(self.config.max_queue_per_key, 1),
+            )
+            self._engine = RealtimeEngine(
+                self._sched,
+                {executor.device_class: executor},
+                scorer,
+                _Listener(self),
+                score_batch_size=self.config.score_batch_size,
+            )
+            self._thread = threading.Thread(
+                target=lambda: self._engine.run(until_idle=False),  # type: ignore[union-attr]
+                daemon=True,
+                name="renderq-engine",
+            )
+            self._thread.start()
+            self._executor = executor
+            self._resume_jobs()
+            self.metrics.ready.set(1)
+            self.ready.set()
+        except Exception as exc:  # reported by /readyz
+            self.load_error = f"{type(exc).__name__}: {exc}"
+
+    def drain(self, timeout_s: float = 60.0) -> None:
+        """Stop admission, drop queued bulk work (kept pending in its store), finish the rest."""
+        self.draining = True
+        if self._engine is None:
+            return
+        kept = self._call(self._cancel_queued_bulk).result(timeout=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._call(lambda now: self._busy()).result(timeout=timeout_s) == 0:
+                break
+            time.sleep(0.05)
+        self._call(lambda now: self.jobs.close()).result(timeout=timeout_s)
+        self._engine.stop()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
+        print(f"renderq serve: drained; {kept} queued bulk prompts kept for the next start",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+    # -- interactive ------------------------------------------------------------------
+
+    def build_requests(self, tenant: str, *, prompt: str, n: int, **opts: Any) -> list[Request]:
+        """The requests for one generation call (validated against the loaded model)."""
+        d = self._defaults()
+        if n > self.config.max_n:
+            raise ConfigError(f"n must be at most {self.config.max_n}, got {n}")
+        width, height = opts.get("size") or (d.width, d.height)
+        self._executor_check_size(width, height)
+        steps = opts.get("steps") or d.steps
+        if steps > self.config.max_steps:
+            raise ConfigError(f"steps must be at most {self.config.max_steps}, got {steps}")
+        guidance = d.guidance if opts.get("guidance") is None else opts["guidance"]
+        key = self.key(width, height, steps, guidance)
+        seed = opts.get("seed")
+        base = seed if seed is not None else int.from_bytes(os.urandom(6), "big")
+        rid = f"i{self._nonce}-{next(self._ids)}"
+        return [
+            Request(
+                id=f"{rid}-{i}",
+                prompt=prompt,
+                key=key,
+                base_seed=base + i,
+                priority=INTERACTIVE_PRIORITY + int(opts.get("priority") or 0),
+                guidance_scale=guidance,
+                negative_prompt=opts.get("negative_prompt") or "",
+                tenant=tenant,
+                qa=bool(opts.get("qa", True)),
+            )
+            for i in range(n)
+        ]
+
+    async def generate(
+        self, requests: Sequence[Request], deadline_s: float | None
+    ) -> list[ImageResult]:
+        """Submit all (all or nothing) and wait for every image's final answer."""
+        futures = await asyncio.wrap_future(
+            self._call(lambda now: self._submit_interactive(requests, deadline_s, now))
+        )
+        return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+
+    def _submit_interactive(
+        self, requests: Sequence[Request], deadline_s: float | None, now: float
+    ) -> list[Future[ImageResult]]:
+        tenant = requests[0].tenant
+        self._check_admission(tenant, len(requests))
+        sched = self._scheduler()
+        done: list[Request] = []
+        futures: list[Future[ImageResult]] = []
+        for r in requests:
+            if deadline_s is not None:
+                r = Request(**{**_fields(r), "deadline": now + deadline_s, "arrival": now})
+            verdict = sched.submit(r, now)
+            if not verdict.admitted:
+                for d in done:
+                    self._forget(d.id, sched.cancel(d.id, now))
+                sched.forget(r.id)
+                self._refuse(429, verdict.reason, verdict.detail, verdict.retry_after_s or 1.0)
+            fut: Future[ImageResult] = Future()
+            self._out[r.id] = _Outstanding(tenant, now, fut, r.qa)
+            self._tenant_queued[tenant] = self._tenant_queued.get(tenant, 0) + 1
+            done.append(r)
+            futures.append(fut)
+        return futures
+
+    def _check_admission(self, tenant: str, n: int) -> None:
+        if self.draining:
+            self._refuse(503, "draining", "the service is shutting down; retry elsewhere", 5.0)
+        limit = self.config.tenant_max_queued
+        queued = self._tenant_queued.get(tenant, 0)
+        if limit is not None and queued + n > limit:
+            self._refuse(
+                429, "tenant_limit", f"tenant has {queued} requests queued (limit {limit})", 1.0
+            )
+
+    def _refuse(self, status: int, reason: str, detail: str, retry: float) -> None:
+        self.metrics.rejections.labels(reason=reason).inc()
+        self._stats.rejected += 1
+        raise Refused(status, reason, detail, retry)
+
+    # -- bulk jobs --------------------------------------------------------------------
+
+    def create_job(self, tenant: str, prompts: Sequence[tuple[str, int, str]], **opts: Any) -> str:
+        """Persist a bulk job and queue its prompts at bulk priority; returns its id."""
+        d = self._defaults()
+        if len(prompts) > self.config.max_job_prompts:
+            raise ConfigError(
+                f"a job holds at most {self.config.max_job_prompts} prompts, got {len(prompts)}"
+            )
+        width, height = opts.get("size") or (d.width, d.height)
+        self._executor_check_size(width, height)
+        steps = opts.get("steps") or d.steps
+        if steps > self.config.max_steps:
+            raise ConfigError(f"steps must be at most {self.config.max_steps}, got {steps}")
+        guidance = d.guidance if opts.get("guidance") is None else opts["guidance"]
+        if self.draining:
+            self._refuse(503, "draining", "the service is shutting down; retry elsewhere", 5.0)
+        mode = str(opts.get("mode", "dynamic"))
+        key = self.key(width, height, steps, guidance)
+
+        def create(now: float) -> str:
+            job = self.jobs.create(
+                tenant,
+                prompts,
+                key=key,
+                guidance=guidance,
+                priority=int(opts.get("priority") or 0),
+                mode=mode,
+                config=self._job_config(guidance),
+                max_attempts=self.config.max_attempts,
+            )
+            self._submit_job(job, now)
+            return job.id
+
+        return str(self._call(create).result(timeout=120))
+
+    def job_status(self, tenant: str, job_id: str) -> dict[str, Any]:
+        """Progress and ledger of one of the tenant's jobs (JobNotFound otherwise)."""
+        return dict(self._call(lambda now: self.jobs.get(tenant, job_id).status()).result(60))
+
+    def job_images(
+        self, tenant: str, job_id: str, offset: int, limit: int, with_images: bool
+    ) -> tuple[list[dict[str, Any]], int]:
+        """A page of the job's accepted images."""
+        fut = self._call(
+            lambda now: self.jobs.get(tenant, job_id).images(offset, limit, with_images)
+        )
+        page, total = fut.result(60)
+        return page, total
+
+    def _submit_job(self, job: ServiceJob, now: float) -> None:
+        sched = self._scheduler()
+        for r in job.pending_requests():
+            if sched.submit(r, now).admitted:
+                self._out[r.id] = _Outstanding(job.tenant, now)
+            else:  # left pending in the job store; picked up when the job is resumed
+                job.deferred += 1
+
+    def cancel_job(self, tenant: str, job_id: str) -> dict[str, Any]:
+        """Cancel a job: queued prompts are dropped now, rendered images are kept."""
+
+        def cancel(now: float) -> dict[str, Any]:
+            job = self.jobs.get(tenant, job_id)
+            job.mark_cancelled()
+            sched = self._scheduler()
+            for rid in [r for r in self._out if r.startswith(job.id + SEP)]:
+                self._forget(rid, sched.cancel(rid, now))
+            return job.status()
+
+        return dict(self._call(cancel).result(timeout=60))
+
+    def _resume_jobs(self) -> None:
+        def resume(now: float) -> None:
+            for job in self.jobs.resume():
+                self._submit_job(job, now)
+
+        self._call(resume).result(timeout=300)
+
+    def _job_config(self, guidance: float) -> dict[str, Any]:
+        return {"model": self.config.model, "scorer": self.config.scorer, "guidance": guidance}
+
+    def _cancel_queued_bulk(self, now: float) -> int:
+        sched = self._scheduler()
+        kept = 0
+        for rid in list(self._out):
+            if SEP in rid and sched.state(rid) is RequestState.QUEUED:
+                self._forget(rid, sched.cancel(rid, now))
+                kept += 1
+        return kept
+
+    # -- called by the listener on the loop thread --------------------------------------
+
+    def on_started(self, batch: Batch, now: float) -> None:
+        """Batch metrics, and the job listeners' progress counts."""
+        self.metrics.batch_size.observe(batch.size)
+        self._stats.batch_sizes.append(batch.size)
+        for r in batch.requests:
+            o = self._out.get(r.id)
+            if o is not None:
+                self.metrics.queue_seconds.observe(max(0.0, now - o.submitted))
+        for job, reqs in self.jobs.split(batch.requests).items():
+            job.started(batch, reqs)
+
+    def on_step(self, step: Step, now: float) -> None:
+        """Metrics, job commits and interactive answers for one engine step."""
+        secs = (
+            step.render.device_seconds
+            if step.render
+            else (step.score.device_seconds if step.score else 0.0)
+        )
+        self.metrics.compute_seconds.labels(stage=step.kind).observe(secs)
+        for stage, dev, s in step.ledger:
+            self.metrics.device_seconds.labels(stage=stage, device_class=dev).inc(s)
+        reqs = step.batch.requests if step.batch else step.scored
+        dev = (
+            step.render.device_class
+            if step.render
+            else (step.score.device_class if step.score else "")
+        )
+        shares = job_shares(reqs, secs, step.kind, dev)
+        for job, sub in self.jobs.split_step(step, shares).items():
+            job.step(sub)
+        for ev in step.events:
+            self._on_event(ev, step, now)
+
+    def _on_event(self, ev: Event, step: Step, now: float) -> None:
+        if isinstance(ev, Regenerating):
+            self.metrics.qa.labels(outcome="regenerate").inc()
+            return
+        if not isinstance(ev, Accepted | Escalated | Cancelled):
+            return
+        o = self._out.get(ev.request.id)
+        if isinstance(ev, Accepted):
+            skipped = o is not None and not o.qa
+            self.metrics.qa.labels(outcome="skipped" if skipped else "pass").inc()
+        elif isinstance(ev, Escalated):
+            self.metrics.qa.labels(outcome="escalate").inc()
+        if o is not None and o.future is not None:
+            kind = "interactive"
+            last = ev.history[-1] if ev.history else None
+            state = (
+                "accepted"
+                if isinstance(ev, Accepted)
+                else ("escalated" if isinstance(ev, Escalated) else "cancelled")
+            )
+            if isinstance(ev, Accepted) and not o.qa:
+                state = "skipped"
+            o.future.set_result(
+                ImageResult(
+                    ev.request.id,
+                    step.images.get(ev.request.id),
+                    ev.request.seed,
+                    len(ev.history),
+                    last.score if last else None,
+                    state,
+                    last.batch_id if last else 0,
+                    last.batch_size if last else 0,
+                )
+            )
+            self._stats.latencies.append(now - o.submitted)
+            self.metrics.latency.labels(kind=kind).observe(now - o.submitted)
+            self._stats.served += 1
+        self._forget(ev.request.id, [])
+
+    def _forget(self, request_id: str, events: Sequence[Event]) -> None:
+        o = self._out.pop(request_id, None)
+        if o is not None and o.future is not None:
+            self._tenant_queued[o.tenant] = self._tenant_queued.get(o.tenant, 1) - 1
+            if not o.future.done():
+                o.future.set_exception(Refused(409, "cancelled", "the request was cancelled"))
+        sched = self._scheduler()
+        try:
+            if sched.state(request_id) in TERMINAL:
+                sched.forget(request_id)
+        except UnknownRequest:
+            pass
+
+    # -- inspection -------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Numbers for the dashboard (taken on the loop thread)."""
+        if self._engine is None:
+            return {"ready": False, "load_error": self.load_error}
+        return dict(self._call(self._stats_now).result(timeout=10))
+
+    def _stats_now(self, now: float) -> dict[str, Any]:
+        sched = self._scheduler()
+        depths = {k.label(): n for k, n in sched.queue_depths().items()}
+        self.metrics.set_queue_depths(depths)
+        lat = sorted(self._stats.latencies)
+        return {
+            "ready": True,
+            "draining": self.draining,
+            "queue_depth": depths,
+            "queued": sum(depths.values()),
+            "running_batches": len(sched.running_batches()),
+            "recent_batch_sizes": list(self._stats.batch_sizes),
+            "latency_p50_s": _pct(lat, 50),
+            "latency_p99_s": _pct(lat, 99),
+            "served": self._stats.served,
+            "rejected": self._stats.rejected,
+            "ledger": sched.ledger.report().to_dict(),
+        }
+
+    def metrics_text(self) -> bytes:
+        """Prometheus exposition; refreshes the queue depth gauge first."""
+        if self._engine is not None:
+            self._call(
+                lambda now: self.metrics.set_queue_depths(
+                    {k.label(): n for k, n in self._scheduler().queue_depths().items()}
+                )
+            ).result(timeout=10)
+        return self.metrics.render()
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def key(self, width: int, height: int, steps: int, guidance: float) -> BatchKey:
+        """The batch key of a request to the served model."""
+        d = self._defaults()
+        return BatchKey(
+            self.config.model,
+            width,
+            height,
+            steps,
+            guidance > 1.0,
+            d.sampler,
+            self.config.precision,
+            self.config.device,
+        )
+
+    def _busy(self) -> int:
+        sched = self._scheduler()
+        states = sched.states().values()
+        return sum(1 for s in states if s in (RequestState.RUNNING, RequestState.SCORING))
+
+    def _executor_check_size(self, width: int, height: int) -> None:
+        check = getattr(self._executor, "check_size", None)
+        if check is not None:
+            check(width, height)
+
+    def _defaults(self) -> Defaults:
+        if self.defaults is None or not self.ready.is_set():
+            raise Refused(503, "not_ready", self.load_error or "the model is still loading", 2.0)
+        return self.defaults
+
+    def _scheduler(self) -> Scheduler:
+        assert self._sched is not None
+        return self._sched
+
+    def _call(self, fn: Callable[[float], Any]) -> Future[Any]:
+        if self._engine is None:
+            raise Refused(503, "not_ready", self.load_error or "the model is still loading", 2.0)
+        return self._engine.call(fn)
+
+
+class _Listener:
+    def __init__(self, service: RenderService) -> None:
+        self.service = service
+
+    def started(self, batch: Batch) -> None:
+        eng = self.service._engine
+        self.service.on_started(batch, eng.now() if eng else 0.0)
+
+    def step(self, step: Step) -> None:
+        eng = self.service._engine
+        self.service.on_step(step, eng.now() if eng else 0.0)
+
+
+def _fields(r: Request) -> dict[str, Any]:
+    return {f: getattr(r, f) for f in r.__dataclass_fields__}
+
+
+def _pct(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    return values[max(1, math.ceil(q / 100 * len(values))) - 1]
+
+
+def load_models(config: ServiceConfig) -> tuple[Executor, Scorer, Defaults]:
+    """Load the configured diffusers pipeline and CLIP scorer."""
+    from renderq.executors.diffusers import DiffusersExecutor
+    from renderq.scoring.clip import ClipScorer
+
+    executor = DiffusersExecutor.load(
+        resolve(config.model), device=config.device, precision=config.precision, name=config.model
+    )
+    scorer = ClipScorer.load(resolve(config.scorer), device=config.device, name=config.scorer)
+    width, height = executor.default_size()
+    defaults = Defaults(
+        width,
+        height,
+        config.steps or 20,
+        7.5 if config.guidance is None else config.guidance,
+        0.25 if config.threshold is None else config.threshold,
+        executor.sampler,
+    )
+    return executor, scorer, defaults
+
+
+def warm_up(executor: Executor, d: Defaults, cap: int) -> LatencyCurve:
+    """Render a batch of 1 and of ``cap`` once each: warms the device, gives the cost curve."""
+    key = BatchKey(
+        "warm-up",
+        d.width,
+        d.height,
+        d.steps,
+        d.guidance > 1.0,
+        d.sampler,
+        "-",
+        executor.device_class,
+    )
+    points = []
+    for n in sorted({1, cap}):
+        reqs = tuple(
+            Request(f"w{i}", "a red circle", key, base_seed=i, guidance_scale=d.guidance)
+            for i in range(n)
+        )
+        executor.run(Batch(0, key, reqs, 0.0, n))  # the first call of a size is the slowest
+        points.append((n, executor.run(Batch(0, key, reqs, 0.0, n)).device_seconds))
+    return LatencyCurve.from_points(points)
+
+
+def scaled_cost(curve: LatencyCurve, key: BatchKey, d: Defaults) -> StageCost:
+    """The warm-up curve scaled to a key's steps and pixels (linear in both, an estimate)."""
+    factor = (key.steps / d.steps) * (key.width * key.height) / (d.width * d.height)
+    return StageCost(LatencyCurve(curve.sizes, tuple(s * factor for s in curve.seconds)))

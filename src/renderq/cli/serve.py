@@ -1,0 +1,64 @@
+"""``renderq serve``: the HTTP service (FastAPI on uvicorn)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from renderq.core.errors import ConfigError
+
+
+def serve_command(
+    host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default 8000; 0 picks one).")] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML config file.")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="Where bulk jobs are kept.")] = None,
+    model: Annotated[str | None, typer.Option(help="Diffusers pipeline to serve.")] = None,
+    scorer: Annotated[str | None, typer.Option(help="CLIP scorer.")] = None,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda or cuda:N.")] = None,
+    max_batch_size: Annotated[int | None, typer.Option(help="Largest render batch.")] = None,
+    max_queue_delay: Annotated[
+        float | None, typer.Option(help="Dynamic batching delay, s.")
+    ] = None,
+) -> None:
+    """Serve interactive renders and bulk jobs over HTTP, batched dynamically."""
+    try:
+        import uvicorn
+
+        from renderq.api.app import create_app
+        from renderq.api.config import load_config
+        from renderq.api.service import RenderService
+    except ImportError as exc:
+        raise typer.BadParameter(
+            f"serve needs the serve extra: pip install 'renderq[serve]' ({exc})"
+        ) from None
+    try:
+        cfg = load_config(
+            config,
+            host=host,
+            port=port,
+            data_dir=data_dir,
+            model=model,
+            scorer=scorer,
+            device=device,
+            max_batch_size=max_batch_size,
+            max_queue_delay_s=max_queue_delay,
+        )
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    bind, warning = cfg.safe_host()
+    if warning:
+        typer.echo(f"renderq serve: {warning}", err=True)
+    auth = f"{len(cfg.tokens)} API token(s)" if cfg.auth_enabled else "no auth (loopback only)"
+    typer.echo(
+        f"renderq serve: {cfg.model} on {cfg.device}, {auth}, jobs in {cfg.data_dir}", err=True
+    )
+    uvicorn.run(
+        create_app(RenderService(cfg)),
+        host=bind,
+        port=cfg.port,
+        log_level="warning",
+        timeout_graceful_shutdown=120,
+    )
