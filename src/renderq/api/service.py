@@ -116,6 +116,8 @@ class RenderService:
         self._nonce = uuid.uuid4().hex[:6]
         self._stats = _Stats()
         self.defaults: Defaults | None = None
+        #: Images per second at the best batch size, measured at warm-up.
+        self.capacity: float | None = None
         self.jobs = JobBook(config.data_dir / "jobs")
 
     # -- life cycle -------------------------------------------------------------------
@@ -128,6 +130,8 @@ class RenderService:
         try:
             executor, scorer, self.defaults = self._load(self.config)
             cost = warm_up(executor, self.defaults, self.config.max_batch_size)
+            best = cost.best_size(cost.max_size)
+            self.capacity = best / cost.latency(best)
             self._sched = Scheduler(
                 Dynamic(self.config.max_queue_delay_s, self.config.max_batch_size),
                 qa=QAPolicy(self.defaults.threshold, self.config.max_attempts),
@@ -453,6 +457,7 @@ class RenderService:
             "latency_p99_s": _pct(lat, 99),
             "served": self._stats.served,
             "rejected": self._stats.rejected,
+            "capacity_images_per_s": self.capacity,
             "ledger": sched.ledger.report().to_dict(),
         }
 
