@@ -41,8 +41,10 @@ def run_mode(mode: str, args: argparse.Namespace, out: Path, extra: list[str]) -
 
 
 def _tiny(folder: Path) -> tuple[str, str]:
+    from renderq.executors.diffusers import quiet_libraries
     from renderq.testing.tiny import build_tiny_clip, build_tiny_pipeline
 
+    quiet_libraries()
     model = build_tiny_pipeline(folder / "tiny-sd", sample_size=16)
     clip = build_tiny_clip(folder / "tiny-clip")
     return str(model), str(clip)
