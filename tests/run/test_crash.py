@@ -105,7 +105,12 @@ def test_sigkill_at_several_points_then_resume(
             _cli(prompts, out, tiny_model, tiny_clip), env=env,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        kills += _kill_when(proc, db, point, rng)
+        try:
+            kills += _kill_when(proc, db, point, rng)
+        finally:
+            if proc.poll() is None:  # the test failed while it ran: do not leave it behind
+                proc.kill()
+                proc.wait()
     assert kills >= 2, "the runs finished before they could be killed"
     final = subprocess.run(_cli(prompts, out, tiny_model, tiny_clip), env=env, capture_output=True)
     assert final.returncode == 0, final.stderr.decode()
