@@ -135,34 +135,23 @@ class JobListener:
         for ev in step.events:
             if not isinstance(ev, Accepted | Regenerating | Escalated):
                 continue
-            last = ev.history[-1]
+            a = ev.history[-1]
+            rid = ev.request.id
             attempts.append(
-                AttemptRow(
-                    ev.request.id,
-                    last.attempt,
-                    last.seed,
-                    last.batch_id,
-                    last.batch_size,
-                    last.score,
-                    last.error,
-                )
+                AttemptRow(rid, a.attempt, a.seed, a.batch_id, a.batch_size, a.score, a.error)
             )
             if isinstance(ev, Accepted):
-                name = self.writer.write_image(ev.request.id, step.images[ev.request.id])
-                outcomes.append(
-                    Outcome(
-                        ev.request.id,
-                        "accepted",
-                        last.attempt,
-                        ev.score,
-                        name,
-                        last.batch_id,
-                        last.batch_size,
-                    )
-                )
+                # The image is on disk before the store says it was accepted.
+                name = self.writer.write_image(rid, step.images[rid])
+                o = Outcome(rid, "accepted", a.attempt, ev.score, name, a.batch_id, a.batch_size)
+                outcomes.append(o)
             elif isinstance(ev, Escalated):
-                outcomes.append(Outcome(ev.request.id, "escalated", last.attempt, last.score))
+                outcomes.append(Outcome(rid, "escalated", a.attempt, a.score))
         self.store.commit_step(self.run, attempts, outcomes, step.ledger, self.settings.scorer)
+        self._append_views(outcomes)
+        self._count(step)
+
+    def _append_views(self, outcomes: Sequence[Outcome]) -> None:
         meta = [
             metadata_row(
                 self.prompts[o.request_id],
@@ -184,7 +173,6 @@ class JobListener:
         ]
         self.writer.append(METADATA, meta)
         self.writer.append(REVIEW, review)
-        self._count(step)
 
     def _count(self, step: Step) -> None:
         p = self.progress

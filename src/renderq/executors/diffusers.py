@@ -124,6 +124,7 @@ class _Split:
     fitted: set[int] = field(default_factory=set)
 
     def cap(self) -> int | None:
+        """The largest size that fitted below the smallest that did not (None: no OOM)."""
         if self.oom_min is None:
             return None
         ok = [n for n in self.fitted if n < self.oom_min]

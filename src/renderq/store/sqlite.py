@@ -195,57 +195,33 @@ class JobStore:
         scorer: str = "",
     ) -> None:
         """Commit one scheduler step: ended attempts, terminal states and ledger bookings."""
-        now = time.time()
-        attempts = list(attempts)
+        rows = [
+            (a.request_id, a.attempt, a.seed, run, a.batch_id, a.batch_size, a.score, a.error)
+            for a in attempts
+        ]
         with _tx(self._conn):
-            self._conn.executemany(
-                "INSERT OR REPLACE INTO attempts VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        a.request_id,
-                        a.attempt,
-                        a.seed,
-                        run,
-                        a.batch_id,
-                        a.batch_size,
-                        a.score,
-                        a.error,
-                    )
-                    for a in attempts
-                ],
-            )
+            self._conn.executemany("INSERT OR REPLACE INTO attempts VALUES (?,?,?,?,?,?,?,?)", rows)
             self._conn.executemany(
                 "INSERT OR REPLACE INTO scores VALUES (?, ?, ?, ?, ?)",
-                [
-                    (a.request_id, a.attempt, scorer, a.score, run)
-                    for a in attempts
-                    if a.score is not None
-                ],
+                [(r[0], r[1], scorer, r[6], run) for r in rows if r[6] is not None],
             )
             for o in outcomes:
-                cur = self._conn.execute(
-                    "UPDATE requests SET state=?, attempt=?, score=?, file_name=?, run=?, "
-                    "batch_id=?, batch_size=?, updated=? WHERE id=? AND state='pending'",
-                    (
-                        o.state,
-                        o.attempt,
-                        o.score,
-                        o.file_name,
-                        run,
-                        o.batch_id,
-                        o.batch_size,
-                        now,
-                        o.request_id,
-                    ),
-                )
-                if cur.rowcount != 1:
-                    raise StoreError(
-                        f"request {o.request_id!r} is not pending; cannot mark {o.state}"
-                    )
+                self._mark(run, o)
             self._conn.executemany(
                 "INSERT INTO ledger (run, stage, device_class, seconds) VALUES (?, ?, ?, ?)",
                 [(run, stage, dev, secs) for stage, dev, secs in ledger],
             )
+
+    def _mark(self, run: int, o: Outcome) -> None:
+        """Move a pending request to its terminal state (inside a transaction)."""
+        cur = self._conn.execute(
+            "UPDATE requests SET state=?, attempt=?, score=?, file_name=?, run=?, batch_id=?, "
+            "batch_size=?, updated=? WHERE id=? AND state='pending'",
+            (o.state, o.attempt, o.score, o.file_name, run, o.batch_id, o.batch_size,
+             time.time(), o.request_id),
+        )  # fmt: skip
+        if cur.rowcount != 1:
+            raise StoreError(f"request {o.request_id!r} is not pending; cannot mark {o.state}")
 
     # -- reading ------------------------------------------------------------------------
 
