@@ -150,3 +150,39 @@ def test_every_mode_accepts_the_same_images(
             assert summary.mean_batch_size > 1.0
     assert outcomes["adhoc"] == outcomes["dynamic"] == outcomes["window"]
     assert any(attempt > 0 for attempt, _ in outcomes["window"].values())
+
+
+def test_jsonl_sizes_seeds_and_steps_make_their_own_batches(
+    tmp_path: Path, tiny_model: Path, tiny_clip: Path, executor: DiffusersExecutor,
+    scorer: ClipScorer,
+) -> None:  # fmt: skip
+    lines = [
+        {"prompt": PROMPTS[0], "seed": 1234},
+        {"prompt": PROMPTS[1], "size": "48x32", "negative_prompt": "blurry"},
+        {"prompt": PROMPTS[2], "steps": 2},
+        {"prompt": PROMPTS[3], "width": 48, "height": 32},
+        {"prompt": PROMPTS[4]},
+    ]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    s = RunSettings(prompts, tmp_path / "out", **settings_kwargs(tiny_model, tiny_clip,
+                                                                 threshold=-1.0))  # fmt: skip
+    pipe = FaultyPipeline(executor.pipeline)
+    summary = run_job(s, executor=DiffusersExecutor(pipe, s.model), scorer=scorer)
+    assert summary.accepted == 5
+    meta = _meta(s.out)
+    assert meta["p000000"]["seed"] == 1234 and meta["p000004"]["seed"] == 4
+    assert (meta["p000001"]["width"], meta["p000001"]["height"]) == (48, 32)
+    assert meta["p000001"]["negative_prompt"] == "blurry" and meta["p000002"]["steps"] == 2
+    # Three keys: 32x32 at 3 steps (p0, p4), 48x32 (p1, p3), 32x32 at 2 steps (p2).
+    assert sorted(pipe.calls) == [1, 2, 2]
+    store = JobStore.open(s.out / "renderq.sqlite")
+    try:
+        batches = {a.request_id: a.batch_id for rows in store.attempts().values() for a in rows}
+    finally:
+        store.close()
+    assert batches["p000001"] == batches["p000003"] != batches["p000000"]
+    from PIL import Image
+
+    with Image.open(s.out / str(meta["p000003"]["file_name"])) as im:
+        assert im.size == (48, 32)
