@@ -2,7 +2,10 @@
 
 Each mode is one ``renderq run`` process on the same prompts, into a fresh output folder,
 with the QA loop on (scoring and regenerations are booked too). The figure compared is
-the ledger's total device-seconds divided by the images accepted.
+the ledger's total device-seconds divided by the images accepted. ``adhoc`` renders and
+scores one image at a time (the baseline); ``window`` fills batches up to
+``--max-batch-size`` and lets regenerations ride with first attempts. On a CPU the render
+and score stages share the cores, so each batch's measured seconds include that sharing.
 
 Run: ``python bench/ab_run.py [--prompts FILE] [--model ID --scorer ID] [--tiny]``.
 ``--tiny`` builds the tiny seeded test checkpoints and uses them instead of the embedded
