@@ -18,6 +18,7 @@ from renderq.bench.profiling import (
 from renderq.core.types import Batch, BatchKey, Request
 from renderq.engine.models import resolve
 from renderq.executors.diffusers import DiffusersExecutor, import_torch, is_oom
+from renderq.scoring.base import Scorer
 
 PROMPTS = (
     "a small red circle on a blue background",
@@ -62,14 +63,23 @@ def _device_memory(device: str) -> tuple[float, str]:
 
 
 def profile_model(s: ProfileSettings, name: str | None = None) -> dict[str, Any]:
-    """Measure render and score latency per batch size; return the profile document."""
+    """Load the model and scorer, measure them; return the profile document."""
     from renderq.scoring.clip import ClipScorer
 
     executor = DiffusersExecutor.load(resolve(s.model), device=s.device, precision=s.precision)
+    scorer = ClipScorer.load(resolve(s.scorer), device=s.device)
+    return profile_loaded(executor, scorer, s, name)
+
+
+def profile_loaded(
+    executor: DiffusersExecutor, scorer: Scorer, s: ProfileSettings, name: str | None = None
+) -> dict[str, Any]:
+    """Measure render and score latency per batch size of loaded models."""
     width, height = s.resolution or executor.default_size()
     executor.check_size(width, height)
-    key = BatchKey(s.model, width, height, s.steps, s.guidance > 1.0, executor.sampler,
-                   s.precision, s.device)  # fmt: skip
+    key = BatchKey(
+        s.model, width, height, s.steps, s.guidance > 1.0, executor.sampler, s.precision, s.device
+    )
     peak, reset = _peak_probe(s.device)
     images: list[Any] = []
     counter = iter(range(1 << 62))
@@ -94,9 +104,9 @@ def profile_model(s: ProfileSettings, name: str | None = None) -> dict[str, Any]
 
     sizes = doubling_sizes(s.max_batch)
     oom = lambda exc: isinstance(exc, MemoryError) or is_oom(exc)  # noqa: E731
-    render_pts = measure(render, sizes, repeats=s.repeats, warmup=s.warmup,
-                         peak_memory=peak, is_oom=oom)  # fmt: skip
-    scorer = ClipScorer.load(resolve(s.scorer), device=s.device)
+    render_pts = measure(
+        render, sizes, repeats=s.repeats, warmup=s.warmup, peak_memory=peak, is_oom=oom
+    )
     pool = images or []
 
     def score(n: int) -> float:

@@ -142,6 +142,9 @@ def _stage_doc(points: Sequence[Point]) -> dict[str, Any]:
 
 def environment_line(device: str, extra: str = "") -> str:
     """Where the numbers were taken: machine, Python and library versions."""
-    parts = [f"device {device}", f"{platform.machine()} {os.cpu_count()} cores",
-             f"Python {platform.python_version()}"]  # fmt: skip
+    parts = [
+        f"device {device}",
+        f"{platform.machine()} {os.cpu_count()} cores",
+        f"Python {platform.python_version()}",
+    ]
     return ", ".join(parts) + (f", {extra}" if extra else "")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from renderq.bench.harness import Limit, ModeRun
 from renderq.core.cost import Profile
@@ -37,6 +38,28 @@ def markdown(runs: Sequence[ModeRun], limit: Limit, title: str) -> str:
             f"{r.result.escalated} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def fidelity_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Real against simulated device-seconds and p99, with relative errors."""
+    lines = [
+        "",
+        "### Simulator against the real run (same arrivals, same QA outcomes)",
+        "",
+        "| mode | device-s real | device-s sim | error | p99 real s | p99 sim s | error |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        d, p = r["device_seconds"], r["p99_s"]
+        lines.append(
+            f"| {r['mode']} | {d['real']:.2f} | {d['sim']:.2f} | {_pct(d['rel_error'])} | "
+            f"{_f(p['real'], '.2f')} | {_f(p['sim'], '.2f')} | {_pct(p['rel_error'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v * 100:+.1f}%"
 
 
 def plots(runs: Sequence[ModeRun], profile: Profile, out: Path) -> list[Path]:
@@ -76,11 +99,15 @@ def plots(runs: Sequence[ModeRun], profile: Profile, out: Path) -> list[Path]:
     sizes = list(range(1, profile.render_cap + 1))
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(sizes, [n / profile.render.latency(n) for n in sizes], label="images / s")
-    ax.set(xlabel="batch size", ylabel="images per device-second",
-           title=f"{profile.name}: throughput and cost per image")  # fmt: skip
+    ax.set(
+        xlabel="batch size",
+        ylabel="images per device-second",
+        title=f"{profile.name}: throughput and cost per image",
+    )
     ax2 = ax.twinx()
-    ax2.plot(sizes, [profile.render.latency(n) / n for n in sizes], color="tab:red",
-             label="s / image")  # fmt: skip
+    ax2.plot(
+        sizes, [profile.render.latency(n) / n for n in sizes], color="tab:red", label="s / image"
+    )
     ax2.set_ylabel("device-seconds per image")
     handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
     ax.legend(handles=handles, fontsize=8, loc="center right")

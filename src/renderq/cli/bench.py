@@ -15,9 +15,10 @@ from renderq.bench.harness import (
     run_bench,
     sim_backend,
 )
-from renderq.bench.report import markdown, plots
+from renderq.bench.report import fidelity_table, markdown, plots
 from renderq.cli.simulate import make_policy, parse_modes
 from renderq.core.errors import ConfigError
+from renderq.engine.models import DEFAULT_MODEL, DEFAULT_SCORER
 from renderq.profiles import load_profile
 
 
@@ -50,12 +51,47 @@ def bench_command(
     windows: Annotated[str, typer.Option(help="Window mode windows.")] = "always",
     workers: Annotated[int, typer.Option(help="Render workers.")] = 1,
     seed: Annotated[int, typer.Option(help="Seed of arrivals and failures.")] = 0,
+    executor: Annotated[str, typer.Option(help="sim (cost model) or real (a pipeline).")] = "sim",
+    model: Annotated[str, typer.Option(help="Real: diffusers pipeline.")] = DEFAULT_MODEL,
+    scorer: Annotated[str, typer.Option(help="Real: CLIP scorer.")] = DEFAULT_SCORER,
+    device: Annotated[str, typer.Option(help="Real: cpu or cuda[:N].")] = "cpu",
+    precision: Annotated[str, typer.Option(help="Real: fp32, fp16 or bf16.")] = "fp32",
+    steps: Annotated[int | None, typer.Option(help="Real: denoising steps.")] = None,
+    threshold: Annotated[float | None, typer.Option(help="Real: QA threshold.")] = None,
+    max_attempts: Annotated[int, typer.Option(help="Attempts per prompt in all.")] = 3,
+    compare_sim: Annotated[
+        bool, typer.Option("--compare-sim", help="Real: replay each run in the simulator.")
+    ] = False,
     out: Annotated[Path | None, typer.Option(help="Write bench.json, bench.md, plots.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON report.")] = False,
 ) -> None:
     """Run each mode over one scenario; report efficiency against the limit, cost, latency."""
+    fidelity: list[dict[str, Any]] = []
     try:
-        prof = load_profile(profile)
+        if executor not in ("sim", "real"):
+            raise ConfigError(f"--executor must be sim or real, got {executor!r}")
+        if compare_sim and executor != "real":
+            raise ConfigError("--compare-sim needs --executor real")
+        bench = None
+        if executor == "real":
+            from renderq.bench.realrun import RealSettings, load_bench
+
+            given = None if profile == "article-sdxl-a100" else load_profile(profile)
+            settings = RealSettings(
+                model,
+                scorer,
+                device,
+                precision,
+                steps,
+                None,
+                threshold,
+                max_attempts,
+                max_batch_size or 16,
+                qa,
+            )
+            bench, prof = load_bench(settings, given)
+        else:
+            prof = load_profile(profile)
         limit = Limit.of(prof, max_batch_size)
         if scenario == "server" and rate is None:
             rate = capacity_rate(limit, load if load is not None else 0.5)
@@ -70,11 +106,20 @@ def bench_command(
             )
             for m in parse_modes(modes)
         }
-        backend = sim_backend(prof, qa=qa, workers=workers, seed=seed)
-        runs = run_bench(backend, policies, scen, limit, _rates(failure_rates), workers)
+        if bench is not None:
+            from renderq.bench.realrun import run_real
+
+            runs, fidelity = run_real(bench, prof, policies, scen, limit, compare_sim)
+        else:
+            backend = sim_backend(
+                prof, qa=qa, workers=workers, seed=seed, max_attempts=max_attempts
+            )
+            runs = run_bench(backend, policies, scen, limit, _rates(failure_rates), workers)
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
     title = f"{scenario}, {requests} requests, profile {prof.name}, QA {'on' if qa else 'off'}"
+    if bench is not None:
+        title += f", real runs of {model} on {device}"
     if rate is not None:
         title += f", {rate:.3f} req/s"
     report: dict[str, Any] = {
@@ -83,13 +128,16 @@ def bench_command(
         "rate": rate,
         "p99_bound_s": p99_bound,
         "qa": qa,
-        "executor": "simulated",
+        "executor": "simulated" if bench is None else "real",
+        "model": None if bench is None else model,
         "profile": {"name": prof.name, "source": dict(prof.source)},
         "limit": {"batch_size": limit.batch_size, "images_per_second": limit.images_per_second},
         "runs": [r.to_dict() for r in runs],
         "modes": {r.mode: r.to_dict() for r in runs if r.failure_rate == runs[0].failure_rate},
     }
-    table = markdown(runs, limit, title)
+    if fidelity:
+        report["compare_sim"] = fidelity
+    table = markdown(runs, limit, title) + (fidelity_table(fidelity) if fidelity else "")
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -16,7 +16,7 @@ import math
 import random
 import statistics
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +55,10 @@ class SimConfig:
     #: one submitted the moment one finishes; arrival times are then ignored.
     streams: int | None = None
     qa: bool = True
+    #: Replayed QA outcomes ``(request id, attempt) -> passed`` (see SimulatedScorer).
+    outcomes: Mapping[tuple[str, int], bool] | None = None
+    #: Scoring batch cap (the real engine's ``score_batch_size``); default: the profile's.
+    score_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.render_workers < 1:
@@ -176,7 +180,7 @@ class _Loop:
         for batch in self.sched.schedule(now, {dc: self.free}):
             self.start(batch, now)
         if not self.scorer_busy and self.to_score:
-            cap = self.cfg.profile.score.cap()
+            cap = min(self.cfg.profile.score.cap(), self.cfg.score_batch_size or 1 << 30)
             reqs = [self.to_score.popleft() for _ in range(min(cap, len(self.to_score)))]
             if self.cfg.qa:
                 result = self.scorer.score(reqs)
@@ -235,6 +239,7 @@ def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
             cfg.failure_rate,
             cfg.hard_share,
             cfg.threshold,
+            cfg.outcomes,
         ),
         free=cfg.render_workers,
     )

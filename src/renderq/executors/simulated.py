@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from renderq.core.cost import StageCost
@@ -51,6 +51,9 @@ class SimulatedScorer:
     failure_rate: float
     hard_share: float = 0.0
     threshold: float = 0.25
+    #: Replayed outcomes, ``(request id, attempt) -> passed``: a real run's QA results,
+    #: so a simulation of that run fails exactly the attempts that failed for real.
+    outcomes: Mapping[tuple[str, int], bool] | None = None
 
     def __post_init__(self) -> None:
         _check_fraction("failure rate", self.failure_rate)
@@ -63,7 +66,13 @@ class SimulatedScorer:
     def score_one(self, request: Request) -> float:
         """The score of one attempt: above the threshold when it passes, below when not."""
         rng = random.Random(f"{self.seed}:{request.id}:{request.attempt}")
-        fails = self.is_hard(request.id) or rng.random() < self.failure_rate
+        replayed = (
+            None if self.outcomes is None else self.outcomes.get((request.id, request.attempt))
+        )
+        if replayed is not None:
+            fails = not replayed
+        else:
+            fails = self.is_hard(request.id) or rng.random() < self.failure_rate
         margin = rng.uniform(0.001, 0.1)
         return self.threshold - margin if fails else self.threshold + margin
 

@@ -1,0 +1,210 @@
+"""The real backend of the A/B harness: scenarios run on a real pipeline and scorer.
+
+It drives the same real-time engine ``renderq run`` uses, with a listener that records
+what the harness and the simulator comparison need: submit and finish times, batch
+sizes, and each attempt's QA outcome (replayed by ``--compare-sim`` so the simulation
+fails exactly the attempts that failed for real).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from renderq.bench.harness import Backend, Scenario
+from renderq.core.events import Accepted, Cancelled, Escalated, Regenerating
+from renderq.core.policies import Policy
+from renderq.core.qa import QAPolicy
+from renderq.core.scheduler import Scheduler
+from renderq.core.types import Batch, BatchKey, Request, RequestState, ScoreResult
+from renderq.engine.arrivals import Arrival
+from renderq.engine.realtime import RealtimeEngine, Step
+from renderq.engine.sim import SimResult
+from renderq.executors.base import Executor
+from renderq.scoring.base import Scorer
+
+
+class NullScorer:
+    """Scores nothing and costs nothing: the QA-off runs."""
+
+    device_class = "none"
+
+    def score(self, images: Sequence[Any], prompts: Sequence[str]) -> ScoreResult:
+        """No scores, no time."""
+        return ScoreResult((None,) * len(images), 0.0, self.device_class)
+
+
+@dataclass(slots=True)
+class Recording:
+    """What one real run did, for the report and for replaying it in the simulator."""
+
+    submitted: dict[str, float] = field(default_factory=dict)
+    finished: dict[str, float] = field(default_factory=dict)
+    batches: list[tuple[int, float]] = field(default_factory=list)
+    scores: list[tuple[int, float]] = field(default_factory=list)
+    outcomes: dict[tuple[str, int], bool] = field(default_factory=dict)
+    sizes: dict[int, int] = field(default_factory=dict)
+    renders: int = 0
+    rerenders: int = 0
+    accepted: int = 0
+    escalated: int = 0
+
+    def arrivals(self) -> tuple[Arrival, ...]:
+        """The submit times as a trace, in request-id order (ids are ``r0000000``...)."""
+        return tuple(Arrival(self.submitted[r]) for r in sorted(self.submitted))
+
+
+class _Recorder:
+    def __init__(self, rec: Recording, on_done: Any) -> None:
+        self.rec = rec
+        self.on_done = on_done
+        self.engine: RealtimeEngine | None = None
+
+    def started(self, batch: Batch) -> None:
+        self.rec.sizes[batch.id] = batch.size
+        self.rec.renders += batch.size
+        self.rec.rerenders += sum(r.attempt > 0 for r in batch.requests)
+
+    def step(self, step: Step) -> None:
+        now = self.engine.now() if self.engine else 0.0
+        if step.render is not None and step.batch is not None:
+            self.rec.batches.append((step.batch.size, step.render.device_seconds))
+        if step.score is not None and step.scored:
+            self.rec.scores.append((len(step.scored), step.score.device_seconds))
+        for ev in step.events:
+            attempt = ev.history[-1].attempt if ev.history else ev.request.attempt
+            if isinstance(ev, Accepted):
+                self.rec.outcomes[(ev.request.id, attempt)] = True
+            elif isinstance(ev, Regenerating | Escalated):
+                self.rec.outcomes[(ev.request.id, attempt)] = False
+            if isinstance(ev, Accepted | Escalated | Cancelled):
+                self.rec.accepted += isinstance(ev, Accepted)
+                self.rec.escalated += isinstance(ev, Escalated)
+                self.rec.finished[ev.request.id] = now
+                self.on_done(ev.request.id, now)
+
+
+@dataclass(slots=True)
+class RealBench:
+    """Runs scenarios on a loaded executor and scorer."""
+
+    executor: Executor
+    scorer: Scorer
+    key: BatchKey
+    prompts: Sequence[str]
+    threshold: float
+    guidance: float = 7.5
+    max_attempts: int = 3
+    qa: bool = True
+    score_batch_size: int = 32
+    last: Recording | None = None
+
+    def backend(self) -> Backend:
+        """This bench as a harness backend (the failure rate is what the model does)."""
+        return lambda policy, scenario, _rate: self.run(policy, scenario)
+
+    def request(self, i: int, t: float) -> Request:
+        """The i-th request of a scenario."""
+        return Request(
+            f"r{i:07d}",
+            self.prompts[i % len(self.prompts)],
+            self.key,
+            base_seed=i,
+            arrival=t,
+            guidance_scale=self.guidance,
+        )
+
+    def run(self, policy: Policy, scenario: Scenario) -> SimResult:
+        """One mode over one scenario, for real."""
+        rec = Recording()
+        sched = Scheduler(
+            policy,
+            qa=QAPolicy(self.threshold, self.max_attempts, enabled=self.qa),
+            default_cap=policy.max_batch_size or 64,
+        )
+        arrivals = scenario.arrivals()
+        pending = list(range(len(arrivals)))
+        all_done = threading.Event()
+
+        def done(_rid: str, now: float) -> None:
+            if scenario.streams is not None and pending:
+                submit(pending.pop(0), now)
+            if len(rec.finished) == len(arrivals):
+                all_done.set()
+
+        recorder = _Recorder(rec, done)
+        engine = RealtimeEngine(
+            sched,
+            {self.executor.device_class: self.executor},
+            self.scorer if self.qa else NullScorer(),
+            recorder,
+            score_batch_size=self.score_batch_size,
+        )
+        recorder.engine = engine
+
+        def submit(i: int, now: float) -> None:
+            rec.submitted[f"r{i:07d}"] = now
+            sched.submit(self.request(i, now), now)
+
+        if scenario.name == "offline":
+            for i in pending:
+                submit(i, 0.0)
+            pending.clear()
+            engine.run()
+        elif scenario.streams is not None:
+            submit(pending.pop(0), 0.0)
+            engine.run()
+        else:
+            feeder = threading.Thread(target=self._feed, args=(engine, arrivals, submit, all_done))
+            feeder.start()
+            engine.run(until_idle=False)
+            feeder.join()
+        self.last = rec
+        return self._result(policy, sched, rec)
+
+    @staticmethod
+    def _feed(
+        engine: RealtimeEngine, arrivals: Sequence[Arrival], submit: Any, all_done: threading.Event
+    ) -> None:
+        t0 = time.monotonic() - engine.now()
+        for i, a in enumerate(arrivals):
+            time.sleep(max(0.0, t0 + a.t - time.monotonic()))
+            engine.call(partial(_submit_at, submit, i))
+        all_done.wait()
+        engine.stop()
+
+    @staticmethod
+    def _result(policy: Policy, sched: Scheduler, rec: Recording) -> SimResult:
+        states = sched.states()
+        end = max(rec.finished.values(), default=0.0)
+        return SimResult(
+            mode=policy.name,
+            ledger=sched.ledger.report(),
+            latencies=tuple(rec.finished[r] - rec.submitted[r] for r in sorted(rec.finished)),
+            batch_sizes=tuple(rec.sizes.values()),
+            accepted=rec.accepted,
+            escalated=rec.escalated,
+            rejected=sum(1 for s in states.values() if s is RequestState.REJECTED),
+            unfinished=sum(
+                1
+                for s in states.values()
+                if s
+                not in (
+                    RequestState.ACCEPTED,
+                    RequestState.ESCALATED,
+                    RequestState.REJECTED,
+                    RequestState.CANCELLED,
+                )
+            ),
+            renders=rec.renders,
+            rerenders=rec.rerenders,
+            makespan_s=end - min(rec.submitted.values(), default=0.0),
+        )
+
+
+def _submit_at(submit: Any, i: int, now: float) -> None:
+    submit(i, now)
