@@ -33,7 +33,7 @@ from renderq.core.policies import Dynamic
 from renderq.core.qa import QAPolicy
 from renderq.core.scheduler import Scheduler
 from renderq.core.types import TERMINAL, Batch, BatchKey, Request, RequestState
-from renderq.engine.models import resolve
+from renderq.engine.models import model_defaults, resolve, scorer_default_threshold
 from renderq.engine.realtime import RealtimeEngine, Step
 from renderq.executors.base import Executor
 from renderq.scoring.base import Scorer
@@ -545,12 +545,16 @@ def load_models(config: ServiceConfig) -> tuple[Executor, Scorer, Defaults]:
     )
     scorer = ClipScorer.load(resolve(config.scorer), device=config.device, name=config.scorer)
     width, height = executor.default_size()
+    steps, guidance = model_defaults(config.model)
+    threshold = config.threshold
+    if threshold is None:
+        threshold = scorer_default_threshold(config.scorer)
     defaults = Defaults(
         width,
         height,
-        config.steps or 20,
-        7.5 if config.guidance is None else config.guidance,
-        0.25 if config.threshold is None else config.threshold,
+        config.steps or steps,
+        guidance if config.guidance is None else config.guidance,
+        0.25 if threshold is None else threshold,
         executor.sampler,
     )
     return executor, scorer, defaults
