@@ -244,9 +244,11 @@ def test_a_request_may_skip_the_gate_while_others_keep_it() -> None:
     s.submit(Request("free", "a red circle", K0, qa=False), 0.0)
     s.submit(Request("gated", "a red circle", K0), 0.0)
     [b] = s.schedule(0.0, {"gpu0": 1})
-    s.on_result(ok(b.id, list(b.requests)), 1.0)
-    ev = s.on_scores(["free", "gated"], ScoreResult((0.1, 0.1), 0.1, "gpu0"), 1.0)
-    assert [type(e).__name__ for e in ev] == ["Accepted", "Regenerating"]
+    ev = s.on_result(ok(b.id, list(b.requests)), 1.0)
+    assert [type(e).__name__ for e in ev] == ["Accepted", "ToScore"]
+    assert isinstance(ev[0], Accepted) and ev[0].image == "free" and ev[0].score is None
+    [regen] = s.on_scores(["gated"], ScoreResult((0.1,), 0.1, "gpu0"), 1.0)
+    assert isinstance(regen, Regenerating) and s.ledger.accepted == 1
 
 
 def test_forget_drops_only_ended_requests() -> None:

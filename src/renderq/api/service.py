@@ -406,7 +406,7 @@ class RenderService:
             o.future.set_result(
                 ImageResult(
                     ev.request.id,
-                    step.images.get(ev.request.id),
+                    _image_of(ev, step),
                     ev.request.seed,
                     len(ev.history),
                     last.score if last else None,
@@ -587,3 +587,11 @@ def scaled_cost(curve: LatencyCurve, key: BatchKey, d: Defaults) -> StageCost:
     """The warm-up curve scaled to a key's steps and pixels (linear in both, an estimate)."""
     factor = (key.steps / d.steps) * (key.width * key.height) / (d.width * d.height)
     return StageCost(LatencyCurve(curve.sizes, tuple(s * factor for s in curve.seconds)))
+
+
+def _image_of(ev: Event, step: Step) -> Any:
+    """The image of a terminal event: the scored one, or the unscored accepted one."""
+    image = step.images.get(ev.request.id)
+    if image is None and isinstance(ev, Accepted):
+        image = ev.image
+    return image

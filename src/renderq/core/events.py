@@ -37,9 +37,14 @@ class ToScore(Event):
 
 @dataclass(frozen=True, slots=True)
 class Accepted(Event):
-    """The attempt passed the gate: terminal."""
+    """The attempt passed the gate (or had none): terminal.
+
+    ``image`` is set only for requests accepted without scoring (``Request.qa=False``);
+    scored images are the ones the shell handed to the scorer.
+    """
 
     score: float | None = None
+    image: Any = None
 
 
 @dataclass(frozen=True, slots=True)

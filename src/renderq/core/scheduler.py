@@ -249,6 +249,11 @@ class Scheduler:
                 q.inflight -= 1
                 self._move(rec, _S.CANCELLED)
                 events.append(Cancelled(req, tuple(rec.history)))
+            elif error is None and item is not None and not req.qa:
+                q.inflight -= 1
+                self._move(rec, _S.ACCEPTED)
+                self.ledger.count_accepted()
+                events.append(Accepted(req, tuple(rec.history), image=item.image))
             elif error is None and item is not None:
                 self._move(rec, _S.SCORING)
                 events.append(ToScore(req, tuple(rec.history), image=item.image))

@@ -39,11 +39,14 @@ TERMINAL: frozenset[RequestState] = frozenset(
 
 _S = RequestState
 #: Allowed state changes. A render error goes straight from running to regenerating or
-#: escalated; a cancel reaches running/scoring work only when its result comes back.
+#: escalated; a request without the gate goes from running to accepted, unscored; a
+#: cancel reaches running/scoring work only when its result comes back.
 TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
     _S.NEW: frozenset({_S.QUEUED, _S.REJECTED}),
     _S.QUEUED: frozenset({_S.RUNNING, _S.CANCELLED}),
-    _S.RUNNING: frozenset({_S.SCORING, _S.REGENERATING, _S.ESCALATED, _S.CANCELLED, _S.QUEUED}),
+    _S.RUNNING: frozenset(
+        {_S.SCORING, _S.ACCEPTED, _S.REGENERATING, _S.ESCALATED, _S.CANCELLED, _S.QUEUED}
+    ),
     _S.SCORING: frozenset({_S.ACCEPTED, _S.REGENERATING, _S.ESCALATED, _S.CANCELLED}),
     _S.REGENERATING: frozenset({_S.QUEUED, _S.CANCELLED}),
     _S.ACCEPTED: frozenset(),
