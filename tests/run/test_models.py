@@ -64,3 +64,18 @@ def test_run_on_the_embedded_models(tmp_path: Path) -> None:
     assert summary["accepted"] + summary["escalated"] == 4
     rows = [json.loads(x) for x in (out / "metadata.jsonl").read_text().splitlines()]
     assert all(r["model"] == DEFAULT_MODEL and (out / r["file_name"]).is_file() for r in rows)
+
+
+def test_fingerprint_follows_the_folder(tmp_path: Path) -> None:
+    from renderq.engine.models import fingerprint
+
+    (tmp_path / "unet").mkdir()
+    (tmp_path / "model_index.json").write_text('{"a": 1}')
+    (tmp_path / "unet" / "w.bin").write_bytes(b"x" * 10)
+    first = fingerprint(str(tmp_path))
+    assert first.startswith("sha256:") and fingerprint(str(tmp_path)) == first
+    (tmp_path / ".renderq.lock").write_text("123")  # hidden files do not count
+    assert fingerprint(str(tmp_path)) == first
+    (tmp_path / "unet" / "w.bin").write_bytes(b"x" * 11)
+    assert fingerprint(str(tmp_path)) != first
+    assert fingerprint("org/hub-model") == "org/hub-model"

@@ -31,7 +31,7 @@ from renderq.core.qa import QAPolicy
 from renderq.core.scheduler import Scheduler
 from renderq.core.seeds import seed_for
 from renderq.core.types import Batch, BatchKey, Request, Stage
-from renderq.engine.models import DEFAULT_MODEL, DEFAULT_SCORER, resolve
+from renderq.engine.models import DEFAULT_MODEL, DEFAULT_SCORER, fingerprint, resolve
 from renderq.engine.prompts import PromptSpec, file_digest, read_prompts
 from renderq.engine.realtime import RealtimeEngine, Step
 from renderq.engine.summary import Progress, RunSummary, summarise
@@ -90,7 +90,9 @@ class RunSettings:
         return {
             "prompts_sha256": digest,
             "model": self.model,
+            "model_fingerprint": fingerprint(self.model),
             "scorer": self.scorer,
+            "scorer_fingerprint": fingerprint(self.scorer),
             "threshold": self.threshold,
             "max_attempts": self.max_attempts,
             "steps": self.steps,

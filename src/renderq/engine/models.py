@@ -7,6 +7,7 @@ local folder or a hub id).
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 from pathlib import Path
 
@@ -81,3 +82,25 @@ def scorer_default_threshold(scorer_id: str) -> float | None:
         return None
     value = getattr(shapes, "DEFAULT_THRESHOLD", None)
     return float(value) if isinstance(value, int | float) else None
+
+
+def fingerprint(model_id: str) -> str:
+    """A digest of a local model folder (file names, sizes and small config files).
+
+    A resumed job compares it, so a rebuilt or replaced checkpoint under the same id is
+    not mixed into a dataset made with the old one. Weights are identified by size, not
+    read, to keep this instant for multi-gigabyte checkpoints. Hub ids give themselves.
+    """
+    path = Path(resolve(model_id)).expanduser()
+    if not path.is_dir():
+        return model_id
+    digest = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        rel = f.relative_to(path).as_posix()
+        if any(part.startswith(".") for part in rel.split("/")):
+            continue
+        size = f.stat().st_size
+        digest.update(f"{rel}\0{size}\0".encode())
+        if f.suffix in {".json", ".txt"} and size < 1 << 20:
+            digest.update(f.read_bytes())
+    return "sha256:" + digest.hexdigest()
