@@ -538,7 +538,12 @@ def _pct(values: Sequence[float], q: float) -> float | None:
 def load_models(config: ServiceConfig) -> tuple[Executor, Scorer, Defaults]:
     """Load the configured diffusers pipeline and CLIP scorer."""
     from renderq.executors.diffusers import DiffusersExecutor
+    from renderq.executors.null import NULL_MODEL, NullExecutor, NullScorer
     from renderq.scoring.clip import ClipScorer
+
+    if config.model == NULL_MODEL:  # pure service overhead: instant blank images
+        null = NullExecutor()
+        return null, NullScorer(), Defaults(null.size, null.size, 1, 0.0, 0.0, null.sampler)
 
     executor = DiffusersExecutor.load(
         resolve(config.model), device=config.device, precision=config.precision, name=config.model

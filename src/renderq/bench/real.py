@@ -28,16 +28,6 @@ from renderq.executors.base import Executor
 from renderq.scoring.base import Scorer
 
 
-class NullScorer:
-    """Scores nothing and costs nothing: the QA-off runs."""
-
-    device_class = "none"
-
-    def score(self, images: Sequence[Any], prompts: Sequence[str]) -> ScoreResult:
-        """No scores, no time."""
-        return ScoreResult((None,) * len(images), 0.0, self.device_class)
-
-
 @dataclass(slots=True)
 class Recording:
     """What one real run did, for the report and for replaying it in the simulator."""
@@ -116,6 +106,7 @@ class RealBench:
             base_seed=i,
             arrival=t,
             guidance_scale=self.guidance,
+            qa=self.qa,
         )
 
     def run(self, policy: Policy, scenario: Scenario) -> SimResult:
@@ -140,7 +131,7 @@ class RealBench:
         engine = RealtimeEngine(
             sched,
             {self.executor.device_class: self.executor},
-            self.scorer if self.qa else NullScorer(),
+            self.scorer if self.qa else _Unscored(),
             recorder,
             score_batch_size=self.score_batch_size,
         )
@@ -208,3 +199,13 @@ class RealBench:
 
 def _submit_at(submit: Any, i: int, now: float) -> None:
     submit(i, now)
+
+
+class _Unscored:
+    """Never called when the gate is off (nothing goes to scoring); a placeholder."""
+
+    device_class = "none"
+
+    def score(self, images: Sequence[Any], prompts: Sequence[str]) -> ScoreResult:
+        """No scores, no time."""
+        return ScoreResult((None,) * len(images), 0.0, self.device_class)
