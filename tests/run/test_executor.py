@@ -103,3 +103,11 @@ def test_bf16_renders(tiny_model: Path) -> None:
     result = ex.run(_batch(ex, 2))
     assert all(it.ok for it in result.items)
     assert result.items[0].image.dtype == np.uint8
+
+
+def test_device_timer_reads_the_clock_around_the_work() -> None:
+    from renderq.executors.diffusers import DeviceTimer
+
+    ticks = iter([10.0, 12.5])
+    out, seconds = DeviceTimer("cpu", clock=lambda: next(ticks)).measure(lambda: "done")
+    assert (out, seconds) == ("done", 2.5)

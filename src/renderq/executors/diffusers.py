@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from renderq.core.errors import ConfigError
 from renderq.core.types import Batch, BatchResult, ItemResult, Request
@@ -116,6 +116,39 @@ def load_pipeline(model: str, *, device: str = "cpu", precision: str = "fp32") -
     return pipe.to(device)
 
 
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class DeviceTimer:
+    """Times work on a device: wall-clock seconds, synchronised on CUDA before reading.
+
+    On CUDA each timer owns a stream, so a render worker and a scorer worker (each with
+    its own timer) queue their kernels on separate streams and each synchronises only
+    its own work before reading the clock: neither books the other's kernels.
+    """
+
+    device: str
+    clock: Callable[[], float] = time.perf_counter
+    _stream: Any = None
+
+    def measure(self, fn: Callable[[], T]) -> tuple[T, float]:
+        """Run ``fn`` and return its result with the seconds it took on the device."""
+        if not self.device.startswith("cuda"):
+            start = self.clock()
+            out = fn()
+            return out, self.clock() - start
+        torch = import_torch()
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=self.device)
+        with torch.cuda.stream(self._stream):
+            self._stream.synchronize()
+            start = self.clock()
+            out = fn()
+            self._stream.synchronize()
+            return out, self.clock() - start
+
+
 @dataclass(slots=True)
 class _Split:
     """What one run learned about memory: the smallest size that failed, sizes that fitted."""
@@ -146,10 +179,12 @@ class DiffusersExecutor:
     precision: str = "fp32"
     device_class: str = ""
     clock: Callable[[], float] = time.perf_counter
+    timer: DeviceTimer = field(init=False)
 
     def __post_init__(self) -> None:
         if not self.device_class:
             self.device_class = self.device
+        self.timer = DeviceTimer(self.device, self.clock)
 
     @classmethod
     def load(
@@ -198,12 +233,12 @@ class DiffusersExecutor:
         """Render every request of ``batch``; never raises for one bad item."""
         out: dict[str, ItemResult] = {}
         split = _Split()
-        self._sync()
-        start = self.clock()
-        for group in _by_guidance(batch.requests):
-            self._render(group, out, split)
-        self._sync()
-        seconds = self.clock() - start
+
+        def render_all() -> None:
+            for group in _by_guidance(batch.requests):
+                self._render(group, out, split)
+
+        _, seconds = self.timer.measure(render_all)
         items = tuple(out[r.id] for r in batch.requests)
         return BatchResult(batch.id, items, seconds, self.device_class, fitted_cap=split.cap())
 
@@ -254,10 +289,6 @@ class DiffusersExecutor:
         if len(images) != len(reqs):
             raise RuntimeError(f"pipeline returned {len(images)} images for {len(reqs)} prompts")
         return images
-
-    def _sync(self) -> None:
-        if self.device.startswith("cuda"):
-            import_torch().cuda.synchronize(self.device)
 
     def _free_memory(self) -> None:
         gc.collect()

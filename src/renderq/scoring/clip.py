@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from renderq.core.errors import ConfigError
 from renderq.core.types import ScoreResult
-from renderq.executors.diffusers import check_device, import_torch, looks_local
+from renderq.executors.diffusers import DeviceTimer, check_device, import_torch, looks_local
 
 _INSTALL = "the CLIP scorer needs torch and transformers: pip install 'renderq[diffusers]'"
 
@@ -51,10 +51,12 @@ class ClipScorer:
     scale100: bool = False
     device_class: str = ""
     clock: Callable[[], float] = time.perf_counter
+    timer: DeviceTimer = field(init=False)
 
     def __post_init__(self) -> None:
         if not self.device_class:
             self.device_class = self.device
+        self.timer = DeviceTimer(self.device, self.clock)
 
     @classmethod
     def load(
@@ -68,11 +70,7 @@ class ClipScorer:
         """One score per (image, prompt) pair, plus the device-seconds the batch took."""
         if len(images) != len(prompts):
             raise ConfigError(f"{len(images)} images but {len(prompts)} prompts to score")
-        self._sync()
-        start = self.clock()
-        cos = self.cosine(images, prompts)
-        self._sync()
-        seconds = self.clock() - start
+        cos, seconds = self.timer.measure(lambda: self.cosine(images, prompts))
         scores = tuple(100.0 * max(c, 0.0) for c in cos) if self.scale100 else tuple(cos)
         return ScoreResult(scores, seconds, self.device_class)
 
@@ -94,7 +92,3 @@ class ClipScorer:
         img = torch.nn.functional.normalize(out.image_embeds.float(), dim=-1)
         txt = torch.nn.functional.normalize(out.text_embeds.float(), dim=-1)
         return [float(v) for v in (img * txt).sum(dim=-1).cpu()]
-
-    def _sync(self) -> None:
-        if self.device.startswith("cuda"):
-            import_torch().cuda.synchronize(self.device)
