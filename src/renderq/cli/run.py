@@ -26,8 +26,8 @@ DEFAULT_THRESHOLD = 0.25
 def pick_threshold(calibration: Path, scorer: str, scale100: bool) -> float:
     """The threshold when none is given: calibrated, else the scorer's own, else 0.25."""
     found = lookup(calibration, scorer, scale_name(scale100))
-    if found is None and not scale100:
-        found = scorer_default_threshold(scorer)
+    if found is None:
+        found = scorer_default_threshold(scorer, scale100)
     return DEFAULT_THRESHOLD if found is None else found
 
 

@@ -72,8 +72,12 @@ def resolve(model_id: str) -> str:
     return str(path)
 
 
-def scorer_default_threshold(scorer_id: str) -> float | None:
-    """The embedded CLIP's own threshold (``renderq.models.shapes.DEFAULT_THRESHOLD``), if any."""
+def scorer_default_threshold(scorer_id: str, scale100: bool = False) -> float | None:
+    """The embedded CLIP's own threshold, if the package ships one.
+
+    ``renderq.models.shapes.DEFAULT_THRESHOLD`` is read as a cosine similarity; on the
+    CLIPScore scale it is multiplied by 100.
+    """
     if scorer_id != DEFAULT_SCORER:
         return None
     try:
@@ -81,7 +85,9 @@ def scorer_default_threshold(scorer_id: str) -> float | None:
     except ImportError:
         return None
     value = getattr(shapes, "DEFAULT_THRESHOLD", None)
-    return float(value) if isinstance(value, int | float) else None
+    if not isinstance(value, int | float):
+        return None
+    return 100.0 * max(float(value), 0.0) if scale100 else float(value)
 
 
 def fingerprint(model_id: str) -> str:
