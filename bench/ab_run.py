@@ -32,10 +32,12 @@ def run_mode(mode: str, args: argparse.Namespace, out: Path, extra: list[str]) -
     cmd = [
         sys.executable, "-c", _CLI, "run", str(args.prompts), "--out", str(out),
         "--mode", mode, "--model", args.model, "--scorer", args.scorer,
-        "--steps", str(args.steps), "--threshold", str(args.threshold),
         "--max-attempts", str(args.max_attempts), "--max-batch-size", str(args.max_batch_size),
         "--threads", str(args.threads), "--json", *extra,
     ]  # fmt: skip
+    for flag, value in (("--steps", args.steps), ("--threshold", args.threshold)):
+        if value is not None:  # else the model's own default, as renderq run chooses
+            cmd += [flag, str(value)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
     if done.returncode != 0:
         sys.exit(f"renderq run --mode {mode} failed:\n{done.stderr[-4000:]}")
@@ -51,6 +53,10 @@ def _tiny(folder: Path) -> tuple[str, str]:
     model = build_tiny_pipeline(folder / "tiny-sd", sample_size=16)
     clip = build_tiny_clip(folder / "tiny-clip")
     return str(model), str(clip)
+
+
+def _or_default(value: object) -> str:
+    return "default" if value is None else str(value)
 
 
 def _row(mode: str, s: dict[str, Any]) -> str:
@@ -74,8 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", default="embedded:mini-sd")
     p.add_argument("--scorer", default="embedded:clip")
     p.add_argument("--tiny", action="store_true", help="use tiny seeded test checkpoints")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--threshold", type=float, default=0.25)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--threshold", type=float, default=None)
     p.add_argument("--max-attempts", type=int, default=3)
     p.add_argument("--max-batch-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=2)
@@ -86,8 +92,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.tiny:
             args.model, args.scorer = _tiny(Path(tmp))
         results = {m: run_mode(m, args, Path(tmp) / m, extra) for m in args.modes.split(",")}
-    print(f"prompts: {args.prompts.name}, model: {Path(args.model).name}, steps {args.steps}, "
-          f"threshold {args.threshold}, max attempts {args.max_attempts}, "
+    print(f"prompts: {args.prompts.name}, model: {Path(args.model).name}, "
+          f"steps {_or_default(args.steps)}, threshold {_or_default(args.threshold)}, "
+          f"max attempts {args.max_attempts}, "
           f"max batch {args.max_batch_size}")  # fmt: skip
     print("mode    accepted  esc  mean-b  render-s  score-s   total-s  s/accepted  wall-s")
     for mode, s in results.items():
