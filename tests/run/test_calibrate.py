@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import typer
+from hypothesis import given
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from renderq.cli.calibrate import calibrate
@@ -87,3 +89,38 @@ def test_run_threshold_precedence(tmp_path: Path) -> None:
     cal.save(path, cal.Calibration("some/clip", "cosine", 0.31, "pass_rate", 0.9, 0.9, 50))
     assert pick_threshold(path, "some/clip", False) == 0.31
     assert pick_threshold(path, "some/clip", True) == DEFAULT_THRESHOLD  # other scale
+
+
+_scores = st.lists(st.integers(-100, 100).map(lambda v: v / 100), min_size=1, max_size=40)
+
+
+@given(_scores, st.integers(1, 100).map(lambda v: v / 100))
+def test_pass_rate_passes_at_least_the_target_share(scores: list[float], rate: float) -> None:
+    t, achieved = cal.for_pass_rate(scores, rate)
+    assert achieved == sum(s >= t for s in scores) / len(scores)
+    assert achieved >= rate - 1e-12
+    # Any higher threshold drawn from the scores passes less than the target.
+    higher = [s for s in scores if s > t]
+    if higher:
+        assert sum(s >= min(higher) for s in scores) / len(scores) < rate
+
+
+@given(st.data())
+def test_precision_threshold_is_the_lowest_reaching_the_target(data: st.DataObject) -> None:
+    scores = data.draw(_scores)
+    labels = data.draw(st.lists(st.booleans(), min_size=len(scores), max_size=len(scores)))
+    target = data.draw(st.integers(1, 100).map(lambda v: v / 100))
+    if not any(labels):
+        return
+
+    def precision(t: float) -> float:
+        kept = [lab for s, lab in zip(scores, labels, strict=True) if s >= t]
+        return sum(kept) / len(kept)
+
+    reaching = [t for t in set(scores) if precision(t) >= target]
+    if not reaching:
+        with pytest.raises(ConfigError):
+            cal.for_precision(scores, labels, target)
+        return
+    t, p, _ = cal.for_precision(scores, labels, target)
+    assert t == min(reaching) and p == pytest.approx(precision(t))
