@@ -18,14 +18,20 @@ def _train(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     checkpoints = Path(args.checkpoints)
-    stages = ["clip", "vae", "unet"] if args.stage == "all" else [args.stage]
+    stages = ["clip", "vae", "unet", "clip-vision"] if args.stage == "all" else [args.stage]
     for stage in stages:
-        if stage == "clip":
-            from renderq.models.shapes.clip_train import train_clip
+        if stage in ("clip", "clip-vision"):
+            from renderq.models.shapes.clip_train import VISION_STEPS, train_clip
 
-            kwargs = {} if args.steps is None else {"steps": args.steps}
+            vision = stage == "clip-vision"
+            steps = args.steps or (VISION_STEPS if vision else None)
+            kwargs = {} if steps is None else {"steps": steps}
             train_clip(
-                checkpoints, checkpoints / "export" / "clip", resume=not args.fresh, **kwargs
+                checkpoints,
+                checkpoints / "export" / "clip",
+                resume=not args.fresh,
+                vision_only=vision,
+                **kwargs,
             )
         elif stage == "vae":
             from renderq.models.shapes.vae_train import train_vae
@@ -56,7 +62,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m renderq.models.shapes")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train one stage or all, resuming by default")
-    train.add_argument("--stage", choices=["clip", "vae", "unet", "all"], default="all")
+    train.add_argument(
+        "--stage", choices=["clip", "vae", "unet", "clip-vision", "all"], default="all"
+    )
     train.add_argument("--checkpoints", default=str(common.DEFAULT_CHECKPOINTS))
     train.add_argument("--steps", type=int, default=None, help="total steps of the stage")
     train.add_argument("--fresh", action="store_true", help="ignore existing checkpoints")

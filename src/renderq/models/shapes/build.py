@@ -24,7 +24,8 @@ def inference_scheduler() -> Any:
     """The shipped scheduler: deterministic DPM-Solver++ on the training noise schedule."""
     from diffusers import DPMSolverMultistepScheduler
 
-    return DPMSolverMultistepScheduler(**unet_train.noise_scheduler_config())
+    # steps_offset=1 is what SD 1.x configs carry; diffusers warns on anything else.
+    return DPMSolverMultistepScheduler(**unet_train.noise_scheduler_config(), steps_offset=1)
 
 
 def text_encoder_from_clip(clip_dir: Path) -> Any:

@@ -15,6 +15,9 @@ from renderq.models.shapes import common, tokenizer, world
 CLIP_SEED = 1
 """Seed of the CLIP data stream and initial weights."""
 
+VISION_STEPS = 300
+"""Steps of the vision-only phase that follows the UNet (text tower frozen)."""
+
 
 def clip_config(vocab_size: int) -> Any:
     """The tiny ``CLIPConfig``: ViT with 8 px patches on 64 px images, a 16-token text tower.
@@ -81,39 +84,56 @@ def degrade(images: Any, generator: Any) -> Any:
 def train_clip(
     checkpoints: Path,
     out_dir: Path,
-    steps: int = 800,
+    steps: int = 520,
     batch_size: int = 128,
     resume: bool = True,
     checkpoint_every: int = 250,
+    vision_only: bool = False,
 ) -> Path:
-    """Train (or resume) the tiny CLIP; export model, tokenizer and processor to ``out_dir``."""
+    """Train (or resume) the tiny CLIP; export model, tokenizer and processor to ``out_dir``.
+
+    ``vision_only`` continues from the finished joint run with the text tower frozen, so
+    mini-SD's text encoder (that tower) stays exactly as its UNet was trained against.
+    """
     import torch
     from transformers import CLIPModel
 
-    torch.manual_seed(CLIP_SEED)
+    seed = CLIP_SEED + (100 if vision_only else 0)
+    name = "clip-vision" if vision_only else "clip"
+    torch.manual_seed(seed)
     tok = tokenizer.build_tokenizer(checkpoints / "tokenizer")
     model = CLIPModel(clip_config(len(tok)))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
-    ckpt_path = checkpoints / "clip" / "ckpt.pt"
+    peak = 5e-4 if vision_only else 1e-3
+    if vision_only:
+        joint = common.load_checkpoint(checkpoints / "clip" / "ckpt.pt")
+        if joint is None:
+            raise FileNotFoundError("the vision-only phase needs the joint CLIP checkpoint")
+        model.load_state_dict(joint["model"])
+        model.text_model.requires_grad_(False)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=peak, weight_decay=0.05)
+    ckpt_path = checkpoints / name / "ckpt.pt"
     start = 0
     state = common.load_checkpoint(ckpt_path) if resume else None
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start = int(state["step"])
-        print(f"[clip] resumed at step {start}", flush=True)
-    progress = common.Progress("clip", steps)
+        print(f"[{name}] resumed at step {start}", flush=True)
+    progress = common.Progress(name, steps)
     model.train()
+    if vision_only:
+        model.text_model.eval()
     for step in range(start, steps):
-        rng = common.step_rng(CLIP_SEED, step)
+        rng = common.step_rng(seed, step)
         images, captions = common.world_batch(rng, batch_size)
-        gen = torch.Generator().manual_seed(CLIP_SEED * 7919 + step)
+        gen = torch.Generator().manual_seed(seed * 7919 + step)
         images = degrade(images, gen)
         text = tok(
             captions, padding="max_length", max_length=tokenizer.MAX_LENGTH, return_tensors="pt"
         )
         for group in optimizer.param_groups:
-            group["lr"] = common.cosine_lr(step, steps, 1e-3, 100)
+            group["lr"] = common.cosine_lr(step, steps, peak, 0 if vision_only else 100)
         out = model(
             input_ids=text["input_ids"],
             attention_mask=text["attention_mask"],
@@ -122,7 +142,7 @@ def train_clip(
         )
         optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
         progress.update(step, float(out.loss.detach()))
         if (step + 1) % checkpoint_every == 0 or step + 1 == steps:

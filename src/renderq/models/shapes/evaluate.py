@@ -35,11 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--clip-images", type=int, default=1000)
     parser.add_argument("--prompts", type=int, default=500)
-    parser.add_argument("--calibration-prompts", type=int, default=200)
+    parser.add_argument("--calibration-prompts", type=int, default=100)
     parser.add_argument("--batch-size", type=int, default=16, help="batch for the QA runs")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     parser.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE)
-    parser.add_argument("--timing-repeats", type=int, default=5)
+    parser.add_argument("--timing-repeats", type=int, default=3)
     parser.add_argument("--skip", default="", help="comma list of: clip,sd,timing")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", default=None, help="also write the figures here")
@@ -224,7 +224,7 @@ def timing(pipe: Any, args: argparse.Namespace) -> dict[str, float]:
     prompt = "a small red circle on a blue background"
     per_image: dict[int, float] = {}
     generate(pipe, [prompt], [0], args.steps, args.guidance, 1)  # warm-up
-    for size in (1, 2, 4, 8, 16, 32):
+    for size in (1, 4, 16):
         runs = []
         for r in range(args.timing_repeats):
             start = time.perf_counter()
