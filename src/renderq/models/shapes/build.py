@@ -21,11 +21,22 @@ DEFAULT_GUIDANCE = 4.0
 
 
 def inference_scheduler() -> Any:
-    """The shipped scheduler: deterministic DPM-Solver++ on the training noise schedule."""
-    from diffusers import DPMSolverMultistepScheduler
+    """The shipped scheduler: deterministic DDIM (eta 0) on the training noise schedule.
 
-    # steps_offset=1 is what SD 1.x configs carry; diffusers warns on anything else.
-    return DPMSolverMultistepScheduler(**unet_train.noise_scheduler_config(), steps_offset=1)
+    Settings follow SD 1.x's DDIM config (no sample clipping, ``steps_offset=1``, which the
+    pipeline otherwise warns about) except "trailing" spacing, so sampling starts from the
+    fully noised step. DDIM rather than DPM-Solver: the latter's ``set_timesteps`` raises a
+    numpy 2 deprecation warning on every call in the diffusers release this is built with.
+    """
+    from diffusers import DDIMScheduler
+
+    return DDIMScheduler(
+        **unet_train.noise_scheduler_config(),
+        clip_sample=False,
+        set_alpha_to_one=False,
+        steps_offset=1,
+        timestep_spacing="trailing",
+    )
 
 
 def text_encoder_from_clip(clip_dir: Path) -> Any:

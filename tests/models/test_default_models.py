@@ -1,0 +1,126 @@
+"""The shipped tiny CLIP and mini-SD: loading, determinism, batch invariance, a smoke run."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+from renderq.models import shapes
+from renderq.models.shapes import oracle, world
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("diffusers")
+
+pytestmark = [
+    pytest.mark.skipif(
+        not shapes.default_pipeline_path().is_dir(), reason="shipped weights not built"
+    ),
+    # Loading without the optional accelerate package only prints advice.
+    pytest.mark.filterwarnings("ignore:.*accelerate.*"),
+]
+
+PROMPTS = [
+    "a small red circle on a blue background",
+    "a large green square on a white background",
+    "a small yellow triangle and a large purple circle on a black background",
+]
+
+
+@pytest.fixture(scope="module")
+def pipe() -> Any:
+    torch.set_num_threads(2)
+    pipeline = shapes.load_default_pipeline()
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline
+
+
+def _render(pipe: Any, prompts: list[str], seeds: list[int], steps: int = 4) -> np.ndarray:
+    generators = [torch.Generator().manual_seed(s) for s in seeds]
+    out = pipe(
+        prompts,
+        generator=generators,
+        num_inference_steps=steps,
+        guidance_scale=shapes.DEFAULT_GUIDANCE,
+        output_type="np",
+    )
+    return np.asarray(out.images)
+
+
+def test_loads_through_from_pretrained(pipe: Any) -> None:
+    from diffusers import AutoencoderKL, StableDiffusionPipeline, UNet2DConditionModel
+    from transformers import CLIPTextModel, CLIPTokenizer
+
+    assert type(pipe) is StableDiffusionPipeline
+    assert isinstance(pipe.unet, UNet2DConditionModel)
+    assert isinstance(pipe.vae, AutoencoderKL)
+    assert isinstance(pipe.text_encoder, CLIPTextModel)
+    assert isinstance(pipe.tokenizer, CLIPTokenizer)
+    assert pipe.safety_checker is None
+    assert pipe.unet.config.cross_attention_dim == pipe.text_encoder.config.hidden_size
+
+
+def test_weights_are_safetensors_and_small() -> None:
+    root = shapes.default_pipeline_path().parent
+    files = [p for p in root.rglob("*") if p.is_file()]
+    assert not [p for p in files if p.suffix in {".bin", ".pt", ".ckpt", ".pth"}]
+    assert sum(p.stat().st_size for p in files) <= 20 * 1024 * 1024
+
+
+def test_clip_loads_and_prefers_true_captions() -> None:
+    model, processor = shapes.load_default_clip()
+    rng = random.Random(99)
+    scenes = [world.random_scene(rng, two_shape_prob=0.0) for _ in range(16)]
+    from PIL import Image
+
+    pixels = processor(
+        images=[Image.fromarray(world.render(s)) for s in scenes], return_tensors="pt"
+    )["pixel_values"]
+    wrong = []
+    for s in scenes:
+        other = next(c for c in world.COLOURS if c not in (s.background, s.shapes[0].colour))
+        wrong.append(s.caption().replace(f" {s.shapes[0].colour} ", f" {other} ", 1))
+    texts = processor(
+        text=[s.caption() for s in scenes] + wrong, padding="max_length", return_tensors="pt"
+    )
+    with torch.no_grad():
+        out = model(pixel_values=pixels, **texts)
+    logits = out.logits_per_image
+    true_scores = logits[range(16), range(16)]
+    wrong_scores = logits[range(16), range(16, 32)]
+    assert int((true_scores > wrong_scores).sum()) >= 15
+
+
+def test_same_prompt_and_seed_give_same_image(pipe: Any) -> None:
+    first = _render(pipe, PROMPTS[:1], [5])
+    again = _render(pipe, PROMPTS[:1], [5])
+    other = _render(pipe, PROMPTS[:1], [6])
+    assert np.array_equal(first, again)
+    assert np.abs(first - other).max() > 0.1
+
+
+def test_batch_gives_each_prompt_its_own_image(pipe: Any) -> None:
+    seeds = [11, 12, 13]
+    batch = _render(pipe, PROMPTS, seeds)
+    for i, (prompt, seed) in enumerate(zip(PROMPTS, seeds, strict=True)):
+        alone = _render(pipe, [prompt], [seed])[0]
+        assert np.abs(batch[i] - alone).max() <= 1e-4
+
+
+@pytest.mark.slow
+def test_smoke_default_steps_render_readable_images(pipe: Any) -> None:
+    prompts = [
+        "a large red circle on a white background",
+        "a large blue square on a yellow background",
+        "a large white triangle on a green background",
+        "a large orange square on a black background",
+    ]
+    images = _render(pipe, prompts, [0, 1, 2, 3], steps=shapes.DEFAULT_STEPS)
+    assert images.shape == (4, 64, 64, 3)
+    hits = sum(
+        oracle.matches(np.asarray((im * 255).round(), dtype=np.uint8), p)
+        for im, p in zip(images, prompts, strict=True)
+    )
+    assert hits >= 2
