@@ -6,7 +6,9 @@ exactly like a hub checkpoint. Its text tower doubles as the frozen text encoder
 
 from __future__ import annotations
 
+import random
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ from renderq.models.shapes import common, tokenizer, world
 CLIP_SEED = 1
 """Seed of the CLIP data stream and initial weights."""
 
-VISION_STEPS = 300
+VISION_STEPS = 400
 """Steps of the vision-only phase that follows the UNet (text tower frozen)."""
 
 
@@ -126,11 +128,17 @@ def train_clip(
         model.text_model.eval()
     for step in range(start, steps):
         rng = common.step_rng(seed, step)
-        images, captions = common.world_batch(rng, batch_size)
+        scenes = world.sample_batch(rng, batch_size)
+        images = common.images_to_tensor([world.render(s) for s in scenes])
+        captions = [s.caption() for s in scenes]
+        negatives = [c for s in scenes for c in hard_negatives(s, rng)] if vision_only else []
         gen = torch.Generator().manual_seed(seed * 7919 + step)
         images = degrade(images, gen)
         text = tok(
-            captions, padding="max_length", max_length=tokenizer.MAX_LENGTH, return_tensors="pt"
+            captions + negatives,
+            padding="max_length",
+            max_length=tokenizer.MAX_LENGTH,
+            return_tensors="pt",
         )
         for group in optimizer.param_groups:
             group["lr"] = common.cosine_lr(step, steps, peak, 0 if vision_only else 100)
@@ -138,13 +146,14 @@ def train_clip(
             input_ids=text["input_ids"],
             attention_mask=text["attention_mask"],
             pixel_values=images,
-            return_loss=True,
+            return_loss=not vision_only,
         )
+        loss = out.loss if not vision_only else _hard_negative_loss(out.logits_per_image)
         optimizer.zero_grad(set_to_none=True)
-        out.loss.backward()
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
-        progress.update(step, float(out.loss.detach()))
+        progress.update(step, float(loss.detach()))
         if (step + 1) % checkpoint_every == 0 or step + 1 == steps:
             common.save_checkpoint(
                 ckpt_path,
@@ -155,6 +164,35 @@ def train_clip(
                 },
             )
     return export_clip(model, tok, out_dir, checkpoints)
+
+
+def hard_negatives(scene: world.Scene, rng: random.Random) -> list[str]:
+    """Captions that differ from the scene's only in the first shape's kind or colour."""
+    first, rest = scene.shapes[0], scene.shapes[1:]
+    used = {scene.background, *(s.colour for s in scene.shapes)}
+    out = []
+    for kind in world.SHAPES:
+        if kind != first.kind:
+            out.append(world.caption_for(scene.background, [replace(first, kind=kind), *rest]))
+    colour = rng.choice([c for c in world.COLOURS if c not in used])
+    out.append(world.caption_for(scene.background, [replace(first, colour=colour), *rest]))
+    return out
+
+
+def _hard_negative_loss(logits: Any) -> Any:
+    """Symmetric CLIP loss over the batch, where each image also faces its own hard negatives.
+
+    ``logits`` is (B, B + B*K): the B true captions first, then K negatives per image.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    b = logits.shape[0]
+    k = (logits.shape[1] - b) // b
+    own = logits[:, b:].reshape(b, b, k)[torch.arange(b), torch.arange(b)]
+    image_to_text = F.cross_entropy(torch.cat([logits[:, :b], own], 1), torch.arange(b))
+    text_to_image = F.cross_entropy(logits[:, :b].T, torch.arange(b))
+    return (image_to_text + text_to_image) / 2
 
 
 def export_clip(model: Any, tok: Any, out_dir: Path, checkpoints: Path) -> Path:

@@ -1,0 +1,53 @@
+"""Small pure helpers of the training scripts (no training runs here)."""
+
+from __future__ import annotations
+
+import random
+
+from renderq.models.shapes import clip_train, common, evaluate, world
+
+
+def test_hard_negatives_change_only_the_first_shape() -> None:
+    rng = random.Random(8)
+    for scene in world.sample_batch(rng, 50, two_shape_prob=0.5):
+        truth = world.parse_caption(scene.caption())
+        negatives = clip_train.hard_negatives(scene, rng)
+        assert len(negatives) == 3
+        for caption in negatives:
+            parsed = world.parse_caption(caption)
+            assert parsed.background == truth.background
+            assert parsed.shapes[1:] == truth.shapes[1:]
+            assert parsed.shapes[0] != truth.shapes[0]
+        kinds = {world.parse_caption(c).shapes[0][0] for c in negatives[:2]}
+        assert kinds == set(world.SHAPES) - {scene.shapes[0].kind}
+
+
+def test_step_stream_is_reproducible() -> None:
+    a = [s.caption() for s in world.sample_batch(common.step_rng(3, 17), 8)]
+    b = [s.caption() for s in world.sample_batch(common.step_rng(3, 17), 8)]
+    c = [s.caption() for s in world.sample_batch(common.step_rng(3, 18), 8)]
+    assert a == b and a != c
+
+
+def test_cosine_schedule_warms_up_and_decays() -> None:
+    lrs = [common.cosine_lr(s, 1000, 1e-3, 100) for s in range(1000)]
+    assert lrs[0] < lrs[50] < lrs[99] <= 1e-3
+    assert lrs[999] < lrs[500] < lrs[100]
+    assert min(lrs[100:]) >= 1e-4 - 1e-12
+
+
+def test_zero_shot_label_set_covers_the_one_shape_grammar() -> None:
+    labels = evaluate.single_shape_captions()
+    assert len(labels) == len(set(labels)) == 2 * 8 * 3 * 7
+    for label in labels:
+        world.parse_caption(label)
+
+
+def test_threshold_calibration_maximises_agreement() -> None:
+    import numpy as np
+
+    scores = np.array([10.0, 11.0, 12.0, 30.0, 31.0, 29.0])
+    truth = np.array([False, False, False, True, True, True])
+    threshold = evaluate.calibrate_threshold(scores, truth)
+    assert 12.0 < threshold <= 29.0
+    assert ((scores >= threshold) == truth).all()
