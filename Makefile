@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint types unit bench clean
+.PHONY: demo test lint types unit browser bench clean
 
 # torch is installed first and pinned, so that nothing pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -25,7 +25,13 @@ lint: $(STAMP)
 types: $(STAMP)
 	$(VENV)/bin/mypy
 
-unit: $(STAMP)
+# The dashboard test drives a real headless Chromium (Debian's package).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium \
+		>/dev/null; } || echo "chromium is not installed: the dashboard test will be skipped"
+
+unit: $(STAMP) browser
 	$(VENV)/bin/pytest -q
 
 test: lint types unit

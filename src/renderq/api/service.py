@@ -116,6 +116,7 @@ class RenderService:
         self._nonce = uuid.uuid4().hex[:6]
         self._stats = _Stats()
         self.defaults: Defaults | None = None
+        self._executor: Executor | None = None
         #: Images per second at the best batch size, measured at warm-up.
         self.capacity: float | None = None
         self.jobs = JobBook(config.data_dir / "jobs")
@@ -129,6 +130,7 @@ class RenderService:
     def _start(self) -> None:
         try:
             executor, scorer, self.defaults = self._load(self.config)
+            self._executor = executor
             cost = warm_up(executor, self.defaults, self.config.max_batch_size)
             best = cost.best_size(cost.max_size)
             self.capacity = best / cost.latency(best)
@@ -151,7 +153,6 @@ class RenderService:
                 name="renderq-engine",
             )
             self._thread.start()
-            self._executor = executor
             self._resume_jobs()
             self.metrics.ready.set(1)
             self.ready.set()
@@ -180,16 +181,9 @@ class RenderService:
 
     def build_requests(self, tenant: str, *, prompt: str, n: int, **opts: Any) -> list[Request]:
         """The requests for one generation call (validated against the loaded model)."""
-        d = self._defaults()
         if n > self.config.max_n:
             raise ConfigError(f"n must be at most {self.config.max_n}, got {n}")
-        width, height = opts.get("size") or (d.width, d.height)
-        self._executor_check_size(width, height)
-        steps = opts.get("steps") or d.steps
-        if steps > self.config.max_steps:
-            raise ConfigError(f"steps must be at most {self.config.max_steps}, got {steps}")
-        guidance = d.guidance if opts.get("guidance") is None else opts["guidance"]
-        key = self.key(width, height, steps, guidance)
+        key, guidance = self._key_of(opts)
         seed = opts.get("seed")
         base = seed if seed is not None else int.from_bytes(os.urandom(6), "big")
         rid = f"i{self._nonce}-{next(self._ids)}"
@@ -260,21 +254,14 @@ class RenderService:
 
     def create_job(self, tenant: str, prompts: Sequence[tuple[str, int, str]], **opts: Any) -> str:
         """Persist a bulk job and queue its prompts at bulk priority; returns its id."""
-        d = self._defaults()
         if len(prompts) > self.config.max_job_prompts:
             raise ConfigError(
                 f"a job holds at most {self.config.max_job_prompts} prompts, got {len(prompts)}"
             )
-        width, height = opts.get("size") or (d.width, d.height)
-        self._executor_check_size(width, height)
-        steps = opts.get("steps") or d.steps
-        if steps > self.config.max_steps:
-            raise ConfigError(f"steps must be at most {self.config.max_steps}, got {steps}")
-        guidance = d.guidance if opts.get("guidance") is None else opts["guidance"]
+        key, guidance = self._key_of(opts)
         if self.draining:
             self._refuse(503, "draining", "the service is shutting down; retry elsewhere", 5.0)
         mode = str(opts.get("mode", "dynamic"))
-        key = self.key(width, height, steps, guidance)
 
         def create(now: float) -> str:
             job = self.jobs.create(
@@ -473,6 +460,17 @@ class RenderService:
 
     # -- helpers ----------------------------------------------------------------------
 
+    def _key_of(self, opts: dict[str, Any]) -> tuple[BatchKey, float]:
+        """The batch key and guidance of a request's size/steps/guidance (checked)."""
+        d = self._defaults()
+        width, height = opts.get("size") or (d.width, d.height)
+        self._executor_check_size(width, height)
+        steps = opts.get("steps") or d.steps
+        if steps > self.config.max_steps:
+            raise ConfigError(f"steps must be at most {self.config.max_steps}, got {steps}")
+        guidance = d.guidance if opts.get("guidance") is None else float(opts["guidance"])
+        return self.key(width, height, steps, guidance), guidance
+
     def key(self, width: int, height: int, steps: int, guidance: float) -> BatchKey:
         """The batch key of a request to the served model."""
         d = self._defaults()
@@ -484,7 +482,7 @@ class RenderService:
             guidance > 1.0,
             d.sampler,
             self.config.precision,
-            self.config.device,
+            self._executor.device_class if self._executor else self.config.device,
         )
 
     def _busy(self) -> int:
