@@ -76,6 +76,6 @@ def test_fingerprint_follows_the_folder(tmp_path: Path) -> None:
     assert first.startswith("sha256:") and fingerprint(str(tmp_path)) == first
     (tmp_path / ".renderq.lock").write_text("123")  # hidden files do not count
     assert fingerprint(str(tmp_path)) == first
-    (tmp_path / "unet" / "w.bin").write_bytes(b"x" * 11)
+    (tmp_path / "unet" / "w.bin").write_bytes(b"y" * 10)  # same size, new weights
     assert fingerprint(str(tmp_path)) != first
     assert fingerprint("org/hub-model") == "org/hub-model"

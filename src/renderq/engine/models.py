@@ -90,12 +90,17 @@ def scorer_default_threshold(scorer_id: str, scale100: bool = False) -> float | 
     return 100.0 * max(float(value), 0.0) if scale100 else float(value)
 
 
+_FULL_HASH_BYTES = 64 << 20
+_EDGE_BYTES = 1 << 20
+
+
 def fingerprint(model_id: str) -> str:
-    """A digest of a local model folder (file names, sizes and small config files).
+    """A digest of a local model folder: every file's name, size and content.
 
     A resumed job compares it, so a rebuilt or replaced checkpoint under the same id is
-    not mixed into a dataset made with the old one. Weights are identified by size, not
-    read, to keep this instant for multi-gigabyte checkpoints. Hub ids give themselves.
+    not mixed into a dataset made with the old one. Files up to 64 MiB are hashed whole;
+    larger ones (multi-gigabyte weights) by their first and last MiB and their size, which
+    keeps this fast. Hub ids give themselves.
     """
     path = Path(resolve(model_id)).expanduser()
     if not path.is_dir():
@@ -107,6 +112,11 @@ def fingerprint(model_id: str) -> str:
             continue
         size = f.stat().st_size
         digest.update(f"{rel}\0{size}\0".encode())
-        if f.suffix in {".json", ".txt"} and size < 1 << 20:
-            digest.update(f.read_bytes())
+        with open(f, "rb") as fh:
+            if size <= _FULL_HASH_BYTES:
+                digest.update(fh.read())
+            else:
+                digest.update(fh.read(_EDGE_BYTES))
+                fh.seek(size - _EDGE_BYTES)
+                digest.update(fh.read(_EDGE_BYTES))
     return "sha256:" + digest.hexdigest()
