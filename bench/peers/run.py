@@ -292,6 +292,7 @@ def main() -> None:
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--null-rate", type=float, default=50.0)
     ap.add_argument("--null-duration", type=float, default=10.0)
+    ap.add_argument("--only-null", action="store_true", help="just the overhead pass")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     sweep = [float(x) for x in args.sweep.split(",")]
@@ -299,11 +300,11 @@ def main() -> None:
     report: dict[str, Any] = {"settings": vars(args)}
     with tempfile.TemporaryDirectory(prefix="renderq-peers-") as tmp:
         root = Path(tmp)
-        rate = args.rate or args.load * capacity(args, root)
-        for label, model, r, duration in (
-            ("model", args.model, rate, args.duration),
-            ("null", "null", args.null_rate, args.null_duration),
-        ):
+        passes = [("null", "null", args.null_rate, args.null_duration)]
+        if not args.only_null:
+            rate = args.rate or args.load * capacity(args, root)
+            passes.insert(0, ("model", args.model, rate, args.duration))
+        for label, model, r, duration in passes:
             times = trace(r, duration, args.max_requests, seed=1)
             rows, chosen = [], []
             for system in systems:
@@ -315,6 +316,8 @@ def main() -> None:
         print(json.dumps(report, indent=2))
         return
     for label in ("model", "null"):
+        if label not in report:
+            continue
         part = report[label]
         title = args.model if label == "model" else "null model (pure overhead)"
         print(
