@@ -124,3 +124,29 @@ def test_precision_threshold_is_the_lowest_reaching_the_target(data: st.DataObje
         return
     t, p, _ = cal.for_precision(scores, labels, target)
     assert t == min(reaching) and p == pytest.approx(precision(t))
+
+
+def test_shapes_oracle_labels_world_images(tmp_path: Path) -> None:
+    import random
+
+    from PIL import Image
+
+    from renderq.cli.calibrate import oracle_labels
+
+    world = pytest.importorskip("renderq.models.shapes.world")
+    rng = random.Random(3)
+    items = []
+    for i in range(4):
+        scene = world.random_scene(rng, two_shape_prob=0.0)
+        path = tmp_path / f"s{i}.png"
+        Image.fromarray(world.render(scene)).save(path)
+        caption = scene.caption()
+        if i % 2:  # a caption naming another shape does not match the picture
+            kind = scene.shapes[0].kind
+            other = next(k for k in world.SHAPES if k != kind)
+            caption = caption.replace(f" {kind} on", f" {other} on")
+        items.append(cal.LabelledImage(path, caption, None))
+    labels = [i.label for i in oracle_labels(items, "shapes-oracle")]
+    assert labels == [True, False, True, False]
+    with pytest.raises(ConfigError, match="--label-with"):
+        oracle_labels(items, "human")

@@ -10,7 +10,7 @@ import typer
 
 from renderq.core.errors import RenderqError
 from renderq.engine.models import DEFAULT_SCORER
-from renderq.scoring.calibrate import CALIBRATION_FILE, Calibration
+from renderq.scoring.calibrate import CALIBRATION_FILE, Calibration, LabelledImage
 
 
 def calibrate(
@@ -24,6 +24,9 @@ def calibrate(
     device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
     clipscore_scale: bool = typer.Option(False, "--clipscore-scale", help="100*max(cos, 0)."),
     batch_size: int = typer.Option(32, help="Images scored per batch."),
+    label_with: str = typer.Option(
+        None, help="Label images with a judge instead of the file: 'shapes-oracle'."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the calibration as JSON."),
 ) -> None:
     """Choose a threshold for a target precision or pass rate; store it for renderq run."""
@@ -33,7 +36,7 @@ def calibrate(
     try:
         cal = run_calibration(
             dataset, scorer, target_precision, target_pass_rate, store, device,
-            clipscore_scale, batch_size,
+            clipscore_scale, batch_size, label_with,
         )  # fmt: skip
     except RenderqError as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -57,6 +60,7 @@ def run_calibration(
     device: str,
     scale100: bool,
     batch_size: int,
+    label_with: str | None = None,
 ) -> Calibration:
     """Score the set, choose the threshold, save it; returns the :class:`Calibration`."""
     from PIL import Image
@@ -69,6 +73,8 @@ def run_calibration(
     if (target_precision is None) == (target_pass_rate is None):
         raise ConfigError("give exactly one of --target-precision and --target-pass-rate")
     items = cal.read_set(dataset)
+    if label_with is not None:
+        items = oracle_labels(items, label_with)
     if target_precision is not None and any(i.label is None for i in items):
         raise ConfigError("--target-precision needs a boolean 'label' on every line")
     scorer = ClipScorer.load(resolve(scorer_id), device=device, scale100=scale100, name=scorer_id)
@@ -89,4 +95,31 @@ def run_calibration(
         t, rate = cal.for_pass_rate(scores, target_pass_rate)
         out = cal.Calibration(scorer_id, scale, t, "pass_rate", target_pass_rate, rate, len(items))
     cal.save(store, out)
+    return out
+
+
+def oracle_labels(items: list[LabelledImage], judge: str) -> list[LabelledImage]:
+    """Label each image by a judge: ``shapes-oracle`` reads shapes-world images by pixels."""
+    import dataclasses
+
+    import numpy as np
+    from PIL import Image
+
+    from renderq.core.errors import ConfigError
+
+    if judge != "shapes-oracle":
+        raise ConfigError(f"--label-with must be 'shapes-oracle', got {judge!r}")
+    try:
+        from renderq.models.shapes import oracle
+    except ImportError as exc:
+        raise ConfigError(f"the shapes oracle is not available: {exc}") from exc
+    out = []
+    for item in items:
+        with Image.open(item.image) as im:
+            pixels = np.asarray(im.convert("RGB"))
+        try:
+            label = bool(oracle.matches(pixels, item.prompt))
+        except ValueError as exc:
+            raise ConfigError(f"{item.image.name}: {exc}") from None
+        out.append(dataclasses.replace(item, label=label))
     return out
