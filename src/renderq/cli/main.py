@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from renderq.cli.bench import bench_command
+from renderq.cli.calibrate import calibrate
 from renderq.cli.profile import profile_command
 from renderq.cli.run import run as run_command
 from renderq.cli.serve import serve_command
@@ -27,6 +28,7 @@ def version() -> None:
 
 app.command("simulate")(simulate_command)
 app.command("run")(run_command)
+app.command("calibrate")(calibrate)
 app.command("profile")(profile_command)
 app.command("bench")(bench_command)
 app.command("serve")(serve_command)
