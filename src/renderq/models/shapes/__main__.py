@@ -1,6 +1,6 @@
 """Command line: ``python -m renderq.models.shapes train|build|evaluate``.
 
-``train --stage clip|vae|unet|all [--fresh]`` trains from nothing or resumes from the
+``train --stage clip|vae|unet|clip-vision|all [--fresh]`` trains from nothing or resumes from the
 checkpoint folder; ``build`` assembles the shipped folders from finished stages;
 ``evaluate`` prints every figure of the model card.
 """
