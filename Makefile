@@ -14,9 +14,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+# The main job on the embedded models; re-running resumes (rm -rf demo-out to start over).
 demo: $(STAMP)
-	$(VENV)/bin/renderq simulate --profile article-sdxl-a100 --renders 10000 \
-		--failure-rate 0.08 --modes adhoc,dynamic,window
+	$(VENV)/bin/renderq run src/renderq/examples/shapes-200.txt --out demo-out
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
