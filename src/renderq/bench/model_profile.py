@@ -24,7 +24,7 @@ PROMPTS = (
     "a small red circle on a blue background",
     "a large green square on a white background",
     "a small yellow triangle on a black background",
-    "a large blue circle and a small red square on a gray background",
+    "a large blue circle and a small red square on a purple background",
 )
 
 
