@@ -149,3 +149,11 @@ def test_ledger_splits_mixed_batches_and_prices_them() -> None:
     with pytest.raises(ValueError, match="-1"):
         led.book_batch("render", [0], -1.0, "a100")
     assert Ledger().report().per_10k_accepted_hours() is None
+
+
+def test_shipped_mini_sd_profile_is_a_measurement() -> None:
+    p = load_profile("mini-sd-cpu")
+    assert p.source["kind"] == "measured" and p.model == "embedded:mini-sd"
+    assert p.render_cap == 16 and (p.width, p.height) == (64, 64)
+    # Batching pays on this model: per-image cost falls with batch size.
+    assert p.render.latency(16) / 16 < p.render.latency(1)
