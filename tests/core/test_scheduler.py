@@ -263,3 +263,23 @@ def test_forget_drops_only_ended_requests() -> None:
         s.state("r0")
     [b] = s.schedule(0.0, {"gpu0": 1})  # the forgotten entry is skipped, not a KeyError
     assert b.requests[0].id == "r1" and list(s.states()) == ["r1"]
+
+
+def test_admission_prices_the_regenerations_it_has_seen() -> None:
+    cost = StageCost(LatencyCurve((1, 4), (1.0, 2.0)))
+    s = Scheduler(AdHoc(), qa=QAPolicy(threshold=0.5, max_attempts=2), cost=lambda k: cost)
+    assert s.renders_per_request() == 1.0
+    for i in range(20):  # every request fails once, then passes: 2 renders each
+        s.submit(req(i), 0.0)
+    now = 0.0
+    while not s.idle():
+        for b in s.schedule(now, {"gpu0": 1}):
+            s.on_result(ok(b.id, list(b.requests)), now)
+            r = b.requests[0]
+            s.on_scores([r.id], ScoreResult((0.9 if r.attempt else 0.1,), 0.0, "gpu0"), now)
+        now += 1.0
+    assert s.renders_per_request() == 2.0
+    # Alone in the queue, one render takes 1 s, but two are expected now: 1.5 s is too soon.
+    late = s.submit(req(100, deadline=now + 1.5), now)
+    assert not late.admitted and late.reason == "deadline"
+    assert s.submit(req(101, deadline=now + 2.5), now).admitted

@@ -101,6 +101,8 @@ class Scheduler:
         self._batch_ids = itertools.count(1)
         self._cost_cache: dict[BatchKey, StageCost | None] = {}
         self._base_caps: dict[BatchKey, int] = {}
+        self._finished = 0
+        self._renders_of_finished = 0
 
     # -- inspection ---------------------------------------------------------------------
 
@@ -133,6 +135,16 @@ class Scheduler:
         q = self._queues.get(key)
         return self._cap(key, q)
 
+    def renders_per_request(self) -> float:
+        """Renders each finished request has needed so far (1.0 until 20 have finished).
+
+        Admission multiplies its time estimate by this: a request that will need a
+        regeneration costs its deadline a second render.
+        """
+        if self._finished < 20:
+            return 1.0
+        return max(1.0, self._renders_of_finished / self._finished)
+
     def idle(self) -> bool:
         """True when no request is queued, running or being scored."""
         return not self._running and all(
@@ -152,6 +164,7 @@ class Scheduler:
             self._enqueue(rec, q, now)
             return _ADMITTED
         cost = self._stage_cost(request.key)
+        factor = self.renders_per_request()
         verdict = admit(
             self._admission,
             now=now,
@@ -159,7 +172,7 @@ class Scheduler:
             ahead=q.ahead_of(request.priority) + q.inflight,
             deadline=request.deadline,
             cap=self._cap(request.key, q),
-            latency=cost.latency if cost is not None else None,
+            latency=(lambda n: cost.latency(n) * factor) if cost is not None else None,
         )
         if not verdict.admitted:
             self._move(rec, _S.REJECTED)
@@ -408,11 +421,13 @@ class Scheduler:
         except KeyError:
             raise UnknownRequest(f"unknown request id {request_id!r}") from None
 
-    @staticmethod
-    def _move(rec: _Record, new: RequestState) -> None:
+    def _move(self, rec: _Record, new: RequestState) -> None:
         if new not in TRANSITIONS[rec.state]:
             check_transition(rec.state, new)  # raises with the message
         rec.state = new
+        if new is _S.ACCEPTED or new is _S.ESCALATED:
+            self._finished += 1
+            self._renders_of_finished += len(rec.history)
 
 
 def submit_all(
