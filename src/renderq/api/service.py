@@ -9,8 +9,8 @@ requests ride at priority 10-19, bulk jobs at 0-9, so interactive work always go
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
-import math
 import os
 import sys
 import threading
@@ -32,6 +32,7 @@ from renderq.core.events import Accepted, Cancelled, Escalated, Event, Regenerat
 from renderq.core.policies import Dynamic
 from renderq.core.qa import QAPolicy
 from renderq.core.scheduler import Scheduler
+from renderq.core.stats import percentile
 from renderq.core.types import TERMINAL, Batch, BatchKey, Request, RequestState
 from renderq.engine.models import model_defaults, resolve, scorer_default_threshold
 from renderq.engine.realtime import RealtimeEngine, Step
@@ -221,7 +222,7 @@ class RenderService:
         futures: list[Future[ImageResult]] = []
         for r in requests:
             if deadline_s is not None:
-                r = Request(**{**_fields(r), "deadline": now + deadline_s, "arrival": now})
+                r = dataclasses.replace(r, deadline=now + deadline_s, arrival=now)
             verdict = sched.submit(r, now)
             if not verdict.admitted:
                 for d in done:
@@ -432,7 +433,7 @@ class RenderService:
         sched = self._scheduler()
         depths = {k.label(): n for k, n in sched.queue_depths().items()}
         self.metrics.set_queue_depths(depths)
-        lat = sorted(self._stats.latencies)
+        lat = self._stats.latencies
         return {
             "ready": True,
             "draining": self.draining,
@@ -440,8 +441,8 @@ class RenderService:
             "queued": sum(depths.values()),
             "running_batches": len(sched.running_batches()),
             "recent_batch_sizes": list(self._stats.batch_sizes),
-            "latency_p50_s": _pct(lat, 50),
-            "latency_p99_s": _pct(lat, 99),
+            "latency_p50_s": percentile(lat, 50),
+            "latency_p99_s": percentile(lat, 99),
             "served": self._stats.served,
             "rejected": self._stats.rejected,
             "capacity_images_per_s": self.capacity,
@@ -521,16 +522,6 @@ class _Listener:
     def step(self, step: Step) -> None:
         eng = self.service._engine
         self.service.on_step(step, eng.now() if eng else 0.0)
-
-
-def _fields(r: Request) -> dict[str, Any]:
-    return {f: getattr(r, f) for f in r.__dataclass_fields__}
-
-
-def _pct(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    return values[max(1, math.ceil(q / 100 * len(values))) - 1]
 
 
 def load_models(config: ServiceConfig) -> tuple[Executor, Scorer, Defaults]:

@@ -20,7 +20,7 @@ from renderq.core.events import Accepted, Cancelled, Escalated, Regenerating
 from renderq.core.policies import Policy
 from renderq.core.qa import QAPolicy
 from renderq.core.scheduler import Scheduler
-from renderq.core.types import Batch, BatchKey, Request, RequestState, ScoreResult
+from renderq.core.types import TERMINAL, Batch, BatchKey, Request, RequestState, ScoreResult
 from renderq.engine.arrivals import Arrival
 from renderq.engine.realtime import RealtimeEngine, Step
 from renderq.engine.sim import SimResult
@@ -180,17 +180,7 @@ class RealBench:
             accepted=rec.accepted,
             escalated=rec.escalated,
             rejected=sum(1 for s in states.values() if s is RequestState.REJECTED),
-            unfinished=sum(
-                1
-                for s in states.values()
-                if s
-                not in (
-                    RequestState.ACCEPTED,
-                    RequestState.ESCALATED,
-                    RequestState.REJECTED,
-                    RequestState.CANCELLED,
-                )
-            ),
+            unfinished=sum(1 for s in states.values() if s not in TERMINAL),
             renders=rec.renders,
             rerenders=rec.rerenders,
             makespan_s=end - min(rec.submitted.values(), default=0.0),

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 import random
 import statistics
 from collections import deque
@@ -28,6 +27,7 @@ from renderq.core.ledger import LedgerReport
 from renderq.core.policies import Policy
 from renderq.core.qa import QAPolicy
 from renderq.core.scheduler import Scheduler
+from renderq.core.stats import percentile
 from renderq.core.types import TERMINAL, Batch, BatchKey, Request, RequestState, ScoreResult
 from renderq.engine.arrivals import Arrival
 from renderq.executors.simulated import SimulatedExecutor, SimulatedScorer
@@ -85,11 +85,7 @@ class SimResult:
 
     def percentile(self, q: float) -> float | None:
         """Latency percentile (nearest rank) of finished requests, seconds."""
-        if not self.latencies:
-            return None
-        ordered = sorted(self.latencies)
-        rank = max(1, math.ceil(q / 100 * len(ordered)))
-        return ordered[rank - 1]
+        return percentile(self.latencies, q)
 
     @property
     def mean_batch_size(self) -> float:
