@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from renderq.core.admission import AdmissionConfig
@@ -175,7 +177,10 @@ def test_cancel_queued_now_and_running_on_return() -> None:
 def test_admission_rejects_full_queue_and_impossible_deadline_at_once() -> None:
     cost = StageCost(LatencyCurve((1, 4), (1.0, 2.0)))
     s = Scheduler(
-        Dynamic(0.1, 4), cost=lambda k: cost, admission=AdmissionConfig(max_queue_per_key=5)
+        Dynamic(0.1, 4),
+        qa=QAPolicy(max_attempts=1),  # no retries to price: the queue alone decides
+        cost=lambda k: cost,
+        admission=AdmissionConfig(max_queue_per_key=5),
     )
     for i in range(5):
         assert s.submit(req(i), 0.0).admitted
@@ -279,7 +284,90 @@ def test_admission_prices_the_regenerations_it_has_seen() -> None:
             s.on_scores([r.id], ScoreResult((0.9 if r.attempt else 0.1,), 0.0, "gpu0"), now)
         now += 1.0
     assert s.renders_per_request() == 2.0
-    # Alone in the queue, one render takes 1 s, but two are expected now: 1.5 s is too soon.
+    # Alone in the queue, one render takes 1 s, and its own retry (max_attempts 2) one more
+    # batch: 1.5 s is too soon.
     late = s.submit(req(100, deadline=now + 1.5), now)
     assert not late.admitted and late.reason == "deadline"
     assert s.submit(req(101, deadline=now + 2.5), now).admitted
+
+
+def test_admission_prices_the_regenerations_of_the_queue_ahead_and_its_own() -> None:
+    cost = StageCost(LatencyCurve((1, 4), (1.0, 2.0)))
+    s = Scheduler(Dynamic(0.0, 4), qa=QAPolicy(0.5, max_attempts=3), cost=lambda k: cost)
+    for i in range(20):  # half the requests fail once: 1.5 renders per finished request
+        s.submit(req(100 + i), 0.0)
+    while not s.idle():
+        for b in s.schedule(0.0, {"gpu0": 1}):
+            s.on_result(ok(b.id, list(b.requests)), 0.0)
+            scores = tuple(0.9 if r.attempt or int(r.id[1:]) % 2 else 0.1 for r in b.requests)
+            s.on_scores([r.id for r in b.requests], ScoreResult(scores, 0.0, "gpu0"), 0.0)
+    assert s.renders_per_request() == 1.5
+    for i in range(4):
+        assert s.submit(req(i), 0.0).admitted
+    # 4 ahead x 1.5 = 6 renders + itself = 7: one batch of 4 (2 s) + a batch of 3 (5/3 s),
+    # plus two retries of one full batch each (4 s): 7.67 s.
+    assert not s.submit(req(10, deadline=7.6), 0.0).admitted
+    assert s.submit(req(11, deadline=7.7), 0.0).admitted
+    # A request that skips the gate has no retries to price: 5 ahead x 1.5 -> 8 renders + 1.
+    skip = dataclasses.replace(req(12, deadline=4.9), qa=False)
+    assert not s.submit(skip, 0.0).admitted
+    assert s.submit(dataclasses.replace(req(13, deadline=5.1), qa=False), 0.0).admitted
+
+
+def test_regenerations_are_served_before_new_requests_of_their_priority() -> None:
+    s = Scheduler(Dynamic(0.0, 2), qa=QAPolicy(0.5, max_attempts=2))
+    for i in range(2):
+        s.submit(req(i), 0.0)
+    [b] = s.schedule(0.0, {"gpu0": 1})
+    for i in range(2, 6):
+        s.submit(req(i), 1.0)
+    s.on_result(ok(b.id, list(b.requests)), 2.0)
+    s.on_scores(["r0", "r1"], ScoreResult((0.1, 0.9), 0.0, "gpu0"), 2.0)  # r0 regenerates
+    [b2] = s.schedule(2.0, {"gpu0": 1})
+    assert [r.id for r in b2.requests] == ["r0", "r2"]
+    assert b2.requests[0].attempt == 1
+    # A higher priority still goes first, retry or not.
+    s.submit(req(9, priority=5), 3.0)
+    s.on_result(ok(b2.id, list(b2.requests)), 3.0)
+    [b3] = s.schedule(3.0, {"gpu0": 1})
+    assert b3.requests[0].id == "r9"
+
+
+def test_admission_learns_the_observed_latency_of_the_device() -> None:
+    cost = StageCost(LatencyCurve((1, 4), (1.0, 2.0)))
+    s = Scheduler(Dynamic(0.0, 4), qa=QAPolicy(max_attempts=1), cost=lambda k: cost)
+    assert s.latency_scale("gpu0") == 1.0
+    assert s.submit(req(0, deadline=1.5), 0.0).admitted  # 1 s predicted
+    [b] = s.schedule(0.0, {"gpu0": 1})
+    s.on_result(ok(b.id, list(b.requests)), 3.0)  # took 3 s: three times the curve
+    s.on_scores(["r0"], ScoreResult((0.9,), 0.0, "gpu0"), 3.0)
+    assert s.latency_scale("gpu0") == pytest.approx(3.0)
+    assert not s.submit(req(1, deadline=3.0 + 2.5), 3.0).admitted
+    assert s.submit(req(2, deadline=3.0 + 3.5), 3.0).admitted
+    [b] = s.schedule(3.0, {"gpu0": 1})
+    s.on_result(ok(b.id, list(b.requests)), 4.0)  # back to 1 s: the average moves a fifth
+    assert s.latency_scale("gpu0") == pytest.approx(3.0 + 0.2 * (1.0 - 3.0))
+    assert s.latency_scale("cpu") == 1.0  # other device classes keep their own
+
+
+def test_windowed_requests_form_their_own_lane_of_the_key() -> None:
+    windows = Windows(explicit=((10.0, 20.0),))
+    s = Scheduler(Dynamic(0.5, 4))
+    for i in range(3):
+        s.submit(dataclasses.replace(req(i), window=windows), 0.0)
+    s.submit(req(3), 0.0)
+    assert s.queue_depths() == {K0: 4}
+    # Outside the window only the plain request runs, after its queue delay, alone.
+    assert s.schedule(0.0, {"gpu0": 1}) == []
+    assert s.next_wakeup(0.0) == 0.5
+    [b] = s.schedule(0.5, {"gpu0": 1})
+    assert [r.id for r in b.requests] == ["r3"]
+    s.on_result(ok(b.id, list(b.requests)), 1.0)
+    assert s.next_wakeup(1.0) == 10.0
+    assert s.schedule(9.9, {"gpu0": 1}) == []
+    # Inside it, the windowed lane runs as a window batch (nothing in flight: cut at once).
+    [w] = s.schedule(10.0, {"gpu0": 1})
+    assert [r.id for r in w.requests] == ["r0", "r1", "r2"] and w.key == K0
+    # An out-of-memory result lowers the cap of the key, in every lane.
+    s.on_result(ok(w.id, list(w.requests), fitted=2), 11.0)
+    assert s.cap(K0) == 2

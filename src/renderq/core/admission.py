@@ -2,10 +2,14 @@
 
 Two checks, both before a request is queued: a bounded queue per key, and a deadline
 check. The deadline check asks the cost model when the request would finish if every
-batch ahead of it (of equal or higher priority) ran full on the key's workers:
-``now + ceil((ahead + 1) / cap) * latency(cap) / workers``, with the last batch priced
-at its own size. A request whose deadline falls before that is rejected with reason
-``deadline``; callers may retry after the queue ahead has drained.
+batch ahead of it (of equal or higher priority) ran full on the key's workers. The work
+ahead is ``ahead * renders_per_request`` renders (the regenerations the queue ahead will
+still need, at the rate seen so far), the request's own batch is priced at its own size,
+and each regeneration the request itself may need adds one full batch (regenerations keep
+their place in the queue, so a retry waits for one batch, not for the whole queue again):
+``now + (full batches * latency(cap) + latency(rest) + retries * latency(cap)) / workers``.
+A request whose deadline falls before that is rejected with reason ``deadline``; callers
+may retry after the queue ahead has drained.
 """
 
 from __future__ import annotations
@@ -33,12 +37,23 @@ class AdmissionConfig:
 
 
 def expected_finish(
-    now: float, ahead: int, cap: int, latency: Callable[[int], float], workers: int
+    now: float,
+    ahead: int,
+    cap: int,
+    latency: Callable[[int], float],
+    workers: int,
+    *,
+    renders_per_request: float = 1.0,
+    retries: int = 0,
 ) -> float:
-    """When a request with ``ahead`` requests before it would finish, batches running full."""
-    total = ahead + 1
+    """When a request with ``ahead`` requests before it would finish, batches running full.
+
+    ``renders_per_request`` prices the regenerations of the queue ahead; ``retries`` the
+    request's own (one full batch each).
+    """
+    total = math.ceil(ahead * renders_per_request) + 1
     full, rest = divmod(total, cap)
-    busy = full * latency(cap) + (latency(rest) if rest else 0.0)
+    busy = full * latency(cap) + (latency(rest) if rest else 0.0) + retries * latency(cap)
     return now + busy / workers
 
 
@@ -51,8 +66,10 @@ def admit(
     deadline: float | None,
     cap: int,
     latency: Callable[[int], float] | None,
+    renders_per_request: float = 1.0,
+    retries: int = 0,
 ) -> Admission:
-    """The admission verdict for one request (pure)."""
+    """The admission verdict for one request (pure); see :func:`expected_finish`."""
     limit = config.max_queue_per_key
     if limit is not None and queued >= limit:
         return Admission(
@@ -62,7 +79,15 @@ def admit(
         if deadline <= now:
             return Admission(False, "deadline", f"deadline {deadline:.3f} is already past")
         if latency is not None:
-            finish = expected_finish(now, ahead, cap, latency, config.workers_per_device)
+            finish = expected_finish(
+                now,
+                ahead,
+                cap,
+                latency,
+                config.workers_per_device,
+                renders_per_request=renders_per_request,
+                retries=retries,
+            )
             if finish > deadline:
                 wait = finish - now
                 return Admission(

@@ -167,6 +167,13 @@ class Windows:
                 f"cannot parse windows {text!r}: use 'always', 'every=P,length=L' or 'S-E,...'"
             ) from None
 
+    def shifted(self, delta: float) -> Windows:
+        """The same windows on a clock ``delta`` seconds ahead (for example from Unix time
+        to a service's monotonic clock: ``delta = monotonic_now - unix_now``)."""
+        if self.explicit:
+            return Windows(explicit=tuple((s + delta, e + delta) for s, e in self.explicit))
+        return Windows(period=self.period, length=self.length, offset=self.offset + delta)
+
     def active(self, now: float) -> tuple[float, float] | None:
         """The window containing ``now``, or None."""
         if self.explicit:

@@ -28,7 +28,7 @@ from renderq.core.events import (
     ToScore,
 )
 from renderq.core.ledger import Ledger
-from renderq.core.policies import Policy, QueueView
+from renderq.core.policies import Policy, QueueView, Window, Windows
 from renderq.core.qa import QAPolicy, Verdict
 from renderq.core.types import (
     TERMINAL,
@@ -45,6 +45,15 @@ from renderq.core.types import (
 _S = RequestState
 _ADMITTED = Admission(True)
 CostLookup = Callable[[BatchKey], StageCost | None]
+_Lane = tuple[BatchKey, Windows | None]
+
+
+def _lane(request: Request) -> _Lane:
+    return (request.key, request.window)
+
+
+LATENCY_EWMA = 0.2
+"""Weight of the newest batch in :meth:`Scheduler.latency_scale`."""
 
 
 @dataclass(slots=True)
@@ -57,16 +66,21 @@ class _Record:
 
 @dataclass(slots=True)
 class _KeyQueue:
-    """One key's queue: a FIFO per priority level, cancelled entries skipped lazily."""
+    """One key's queue: two FIFOs per priority level, cancelled entries skipped lazily.
 
-    levels: dict[int, deque[tuple[float, str]]] = field(default_factory=dict)
+    Lanes are keyed ``(priority, lane)``: lane 1 holds requests that already waited once
+    (regenerations, batches lost with their worker) and is served before lane 0, new
+    requests, of the same priority. A retry so waits for one batch, not the whole queue
+    again. Each lane is FIFO by enqueue time, so its head is its oldest entry.
+    """
+
+    levels: dict[tuple[int, int], deque[tuple[float, str]]] = field(default_factory=dict)
     live_by_level: dict[int, int] = field(default_factory=dict)
     live: int = 0
     inflight: int = 0
-    cap_override: int | None = None
 
-    def push(self, priority: int, at: float, request_id: str) -> None:
-        self.levels.setdefault(priority, deque()).append((at, request_id))
+    def push(self, priority: int, at: float, request_id: str, *, again: bool = False) -> None:
+        self.levels.setdefault((priority, int(again)), deque()).append((at, request_id))
         self.live_by_level[priority] = self.live_by_level.get(priority, 0) + 1
         self.live += 1
 
@@ -96,13 +110,18 @@ class Scheduler:
         self._default_cap = default_cap
         self._admission = admission or AdmissionConfig()
         self._records: dict[str, _Record] = {}
-        self._queues: dict[BatchKey, _KeyQueue] = {}
+        # One queue per key and lane: requests with ``window`` set form their own lane of
+        # the key, batched by a Window policy over those windows; the rest by ``policy``.
+        self._queues: dict[_Lane, _KeyQueue] = {}
+        self._lane_policies: dict[Windows, Policy] = {}
+        self._cap_overrides: dict[BatchKey, int] = {}
         self._running: dict[int, Batch] = {}
         self._batch_ids = itertools.count(1)
         self._cost_cache: dict[BatchKey, StageCost | None] = {}
         self._base_caps: dict[BatchKey, int] = {}
         self._finished = 0
         self._renders_of_finished = 0
+        self._latency_scale: dict[str, float] = {}
 
     # -- inspection ---------------------------------------------------------------------
 
@@ -124,7 +143,11 @@ class Scheduler:
 
     def queue_depths(self) -> dict[BatchKey, int]:
         """Live queued requests per key."""
-        return {k: q.live for k, q in self._queues.items() if q.live}
+        depths: dict[BatchKey, int] = {}
+        for (key, _), q in self._queues.items():
+            if q.live:
+                depths[key] = depths.get(key, 0) + q.live
+        return depths
 
     def running_batches(self) -> Sequence[Batch]:
         """Batches cut and not yet reported back."""
@@ -132,8 +155,7 @@ class Scheduler:
 
     def cap(self, key: BatchKey) -> int:
         """The effective batch cap of a key: policy, memory model and OOM lowering."""
-        q = self._queues.get(key)
-        return self._cap(key, q)
+        return self._cap(key)
 
     def renders_per_request(self) -> float:
         """Renders each finished request has needed so far (1.0 until 20 have finished).
@@ -144,6 +166,16 @@ class Scheduler:
         if self._finished < 20:
             return 1.0
         return max(1.0, self._renders_of_finished / self._finished)
+
+    def latency_scale(self, device_class: str) -> float:
+        """Observed over predicted render latency on a device class (1.0 until a batch returns).
+
+        A moving average (weight ``LATENCY_EWMA`` on the newest batch) of the wall time from
+        cut to result over what the cost model predicts for that batch size. Admission
+        multiplies its estimate by it, so a device slower under load than when its curve
+        was measured (shared cores, a scorer on the same card) is priced as it is now.
+        """
+        return self._latency_scale.get(device_class, 1.0)
 
     def idle(self) -> bool:
         """True when no request is queued, running or being scored."""
@@ -159,20 +191,23 @@ class Scheduler:
             raise ConfigError(f"request id {request.id!r} was already submitted")
         rec = _Record(request)
         self._records[request.id] = rec
-        q = self._queue(request.key)
+        q = self._queue(_lane(request))
         if self._admission.max_queue_per_key is None and request.deadline is None:
             self._enqueue(rec, q, now)
             return _ADMITTED
         cost = self._stage_cost(request.key)
-        factor = self.renders_per_request()
+        scale = self.latency_scale(request.key.device_class)
+        gated = request.qa and self.qa.enabled
         verdict = admit(
             self._admission,
             now=now,
             queued=q.live,
             ahead=q.ahead_of(request.priority) + q.inflight,
             deadline=request.deadline,
-            cap=self._cap(request.key, q),
-            latency=(lambda n: cost.latency(n) * factor) if cost is not None else None,
+            cap=self._cap(request.key),
+            latency=(lambda n: cost.latency(n) * scale) if cost is not None else None,
+            renders_per_request=self.renders_per_request(),
+            retries=self.qa.max_attempts - 1 if gated else 0,
         )
         if not verdict.admitted:
             self._move(rec, _S.REJECTED)
@@ -186,7 +221,7 @@ class Scheduler:
         if rec.state in TERMINAL:
             return []
         if rec.state is _S.QUEUED:
-            q = self._queues[rec.request.key]
+            q = self._queues[_lane(rec.request)]
             q.live -= 1
             q.live_by_level[rec.request.priority] -= 1
             self._move(rec, _S.CANCELLED)
@@ -205,30 +240,30 @@ class Scheduler:
         free = dict(free_workers)
         out: list[Batch] = []
         while True:
-            best: tuple[int, float, BatchKey, int] | None = None
-            for key, q in self._queues.items():
-                if q.live == 0 or free.get(key.device_class, 0) <= 0:
+            best: tuple[int, float, _Lane, int] | None = None
+            for lane, q in self._queues.items():
+                if q.live == 0 or free.get(lane[0].device_class, 0) <= 0:
                     continue
-                n = self.policy.cut(self._view(key, q), now)
+                n = self._policy(lane).cut(self._view(lane, q), now)
                 if n <= 0:
                     continue
                 prio, oldest = self._head(q)
-                cand = (-prio, oldest, key, n)
+                cand = (-prio, oldest, lane, n)
                 if best is None or cand[:2] < best[:2]:
                     best = cand
             if best is None:
                 return out
-            _, _, key, n = best
-            out.append(self._cut(key, n, now))
-            free[key.device_class] -= 1
+            _, _, lane, n = best
+            out.append(self._cut(lane, n, now))
+            free[lane[0].device_class] -= 1
 
     def next_wakeup(self, now: float) -> float | None:
         """The earliest future time at which ``schedule`` could cut without a new event."""
         times = [
             t
-            for key, q in self._queues.items()
+            for lane, q in self._queues.items()
             if q.live
-            for t in (self.policy.wakeup(self._view(key, q), now),)
+            for t in (self._policy(lane).wakeup(self._view(lane, q), now),)
             if t is not None and t > now
         ]
         return min(times, default=None)
@@ -240,9 +275,10 @@ class Scheduler:
         batch = self._running.pop(result.batch_id, None)
         if batch is None:
             raise UnknownRequest(f"no running batch with id {result.batch_id}")
-        q = self._queues[batch.key]
+        q = self._queues[_lane(batch.requests[0])]
         if result.fitted_cap is not None:
             self.lower_cap(batch.key, result.fitted_cap)
+        self._observe_latency(batch, now)
         self.ledger.book_batch(
             "render",
             (r.attempt for r in batch.requests),
@@ -290,7 +326,7 @@ class Scheduler:
         )
         events: list[Event] = []
         for rec, score in zip(recs, result.scores, strict=True):
-            self._queues[rec.request.key].inflight -= 1
+            self._queues[_lane(rec.request)].inflight -= 1
             h = rec.history[-1]
             rec.history[-1] = AttemptRecord(
                 h.attempt, h.seed, h.batch_id, h.batch_size, score=score, error=h.error
@@ -311,7 +347,7 @@ class Scheduler:
         batch = self._running.pop(batch_id, None)
         if batch is None:
             raise UnknownRequest(f"no running batch with id {batch_id}")
-        q = self._queues[batch.key]
+        q = self._queues[_lane(batch.requests[0])]
         for req in batch.requests:
             q.inflight -= 1
             self._enqueue(self._records[req.id], q, now)
@@ -325,10 +361,19 @@ class Scheduler:
 
     def lower_cap(self, key: BatchKey, cap: int) -> None:
         """Lower a key's batch cap for the rest of the run (after an out-of-memory batch)."""
-        q = self._queue(key)
-        q.cap_override = max(1, min(cap, q.cap_override or cap))
+        self._cap_overrides[key] = max(1, min(cap, self._cap_overrides.get(key, cap)))
 
     # -- internals ----------------------------------------------------------------------
+
+    def _observe_latency(self, batch: Batch, now: float) -> None:
+        cost = self._stage_cost(batch.key)
+        wall = now - batch.created_at
+        if cost is None or wall <= 0 or batch.size > cost.curve.max_size:
+            return  # nothing to compare with (or a clock that did not move)
+        ratio = wall / cost.latency(batch.size)
+        dev = batch.key.device_class
+        old = self._latency_scale.get(dev)
+        self._latency_scale[dev] = ratio if old is None else old + LATENCY_EWMA * (ratio - old)
 
     def _retry_or_escalate(self, rec: _Record, score: float | None, now: float) -> Event:
         attempt = rec.request.attempt
@@ -336,20 +381,23 @@ class Scheduler:
         if verdict is Verdict.REGENERATE:
             self._move(rec, _S.REGENERATING)
             rec.request = dataclasses.replace(rec.request, attempt=rec.request.attempt + 1)
-            self._enqueue(rec, self._queues[rec.request.key], now)
+            self._enqueue(rec, self._queues[_lane(rec.request)], now)
             return Regenerating(rec.request, tuple(rec.history), next_request=rec.request)
         self._move(rec, _S.ESCALATED)
         return Escalated(rec.request, tuple(rec.history))
 
     def _enqueue(self, rec: _Record, q: _KeyQueue, now: float) -> None:
+        again = rec.state is not _S.NEW
         self._move(rec, _S.QUEUED)
-        q.push(rec.request.priority, now, rec.request.id)
+        q.push(rec.request.priority, now, rec.request.id, again=again)
 
-    def _cut(self, key: BatchKey, n: int, now: float) -> Batch:
-        q = self._queues[key]
+    def _cut(self, lane: _Lane, n: int, now: float) -> Batch:
+        key = lane[0]
+        q = self._queues[lane]
         taken: list[Request] = []
-        for prio in sorted(q.levels, reverse=True):
-            dq = q.levels[prio]
+        for level in sorted(q.levels, reverse=True):
+            dq = q.levels[level]
+            prio = level[0]
             while dq and len(taken) < n:
                 _, rid = dq.popleft()
                 rec = self._records.get(rid)
@@ -362,7 +410,7 @@ class Scheduler:
                 break
         q.live -= len(taken)
         q.inflight += len(taken)
-        batch = Batch(next(self._batch_ids), key, tuple(taken), now, self._cap(key, q))
+        batch = Batch(next(self._batch_ids), key, tuple(taken), now, self._cap(key))
         self._running[batch.id] = batch
         return batch
 
@@ -370,7 +418,7 @@ class Scheduler:
         """Highest live priority and the oldest live enqueue time of a queue."""
         best_prio: int | None = None
         oldest = float("inf")
-        for prio, dq in q.levels.items():
+        for (prio, _), dq in q.levels.items():
             while dq and not self._is_queued(dq[0][1]):
                 dq.popleft()
             if dq:
@@ -382,17 +430,17 @@ class Scheduler:
         rec = self._records.get(request_id)
         return rec is not None and rec.state is _S.QUEUED
 
-    def _view(self, key: BatchKey, q: _KeyQueue) -> QueueView:
-        cost = self._stage_cost(key)
+    def _view(self, lane: _Lane, q: _KeyQueue) -> QueueView:
+        cost = self._stage_cost(lane[0])
         return QueueView(
             size=q.live,
             oldest=self._head(q)[1],
             inflight=q.inflight,
-            cap=self._cap(key, q),
+            cap=self._cap(lane[0]),
             latency=cost.latency if cost is not None else None,
         )
 
-    def _cap(self, key: BatchKey, q: _KeyQueue | None) -> int:
+    def _cap(self, key: BatchKey) -> int:
         base = self._base_caps.get(key)
         if base is None:
             cost = self._stage_cost(key)
@@ -400,19 +448,28 @@ class Scheduler:
             if self.policy.max_batch_size is not None:
                 base = min(base, self.policy.max_batch_size)
             base = self._base_caps[key] = max(1, base)
-        if q is not None and q.cap_override is not None:
-            return max(1, min(base, q.cap_override))
-        return base
+        override = self._cap_overrides.get(key)
+        return base if override is None else max(1, min(base, override))
+
+    def _policy(self, lane: _Lane) -> Policy:
+        """The scheduler's policy, or for a windowed lane a Window policy over its windows."""
+        windows = lane[1]
+        if windows is None:
+            return self.policy
+        policy = self._lane_policies.get(windows)
+        if policy is None:
+            policy = self._lane_policies[windows] = Window(windows, self.policy.max_batch_size)
+        return policy
 
     def _stage_cost(self, key: BatchKey) -> StageCost | None:
         if key not in self._cost_cache:
             self._cost_cache[key] = self._cost(key)
         return self._cost_cache[key]
 
-    def _queue(self, key: BatchKey) -> _KeyQueue:
-        q = self._queues.get(key)
+    def _queue(self, lane: _Lane) -> _KeyQueue:
+        q = self._queues.get(lane)
         if q is None:
-            q = self._queues[key] = _KeyQueue()
+            q = self._queues[lane] = _KeyQueue()
         return q
 
     def _record(self, request_id: str) -> _Record:

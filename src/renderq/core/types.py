@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from renderq.core.errors import ConfigError, InvalidTransition
+from renderq.core.policies import Windows
 from renderq.core.seeds import seed_for
 
 
@@ -130,6 +131,9 @@ class Request:
     job: str = ""
     #: False skips the quality gate for this request: any rendered image is accepted.
     qa: bool = True
+    #: Scheduled windows for this request alone: it runs only inside them, batched to fill
+    #: the cap (the ``window`` policy), in a lane of its key apart from requests without.
+    window: Windows | None = None
 
     def __post_init__(self) -> None:
         if not self.id:
