@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import time
 
 import pytest
@@ -99,6 +100,29 @@ def test_bulk_job_progress_images_and_cancel(server: Server) -> None:
         assert kept["total"] == after["accepted"]
 
 
+def test_window_job_waits_for_its_window_then_fills_batches(server: Server) -> None:
+    with server.client() as c:
+        opens = time.time() + 2.0  # windows are in Unix time
+        spec = f"{opens:.3f}-{opens + 3600:.3f}"
+        prompts = [f"a green triangle number {i}" for i in range(8)]
+        r = c.post("/v1/jobs", json={"prompts": prompts, "mode": "window", "windows": spec})
+        assert r.status_code == 202, r.text
+        job = r.json()
+        assert job["mode"] == "window" and job["windows"] == spec
+        # Interactive work still runs while the job waits for its window.
+        gen = c.post("/v1/images/generations", json={"prompt": "a red square", "seed": 1})
+        assert gen.status_code == 200 and time.time() < opens
+        assert c.get(f"/v1/jobs/{job['id']}").json()["accepted"] == 0
+        done = wait_job(c, job["id"], {"done"})
+        assert done["accepted"] + done["escalated"] == 8
+        lines = (server.data / "jobs" / job["id"] / "metadata.jsonl").read_text().splitlines()
+        rows = [json.loads(line) for line in lines]
+        assert len(rows) == done["accepted"]
+        # Nothing rendered before the window opened; first attempts ran in full batches of 4.
+        assert all(row["attempt"] > 0 or row["batch_size"] == 4 for row in rows)
+        assert time.time() >= opens
+
+
 def test_metrics_parse_and_cover_the_service(server: Server) -> None:
     with server.client() as c:
         c.post("/v1/images/generations", json={"prompt": "a yellow triangle"})
@@ -164,8 +188,10 @@ def test_malformed_json_and_bad_job_bodies(server: Server) -> None:
         assert r.status_code == 422 and r.json()["error"] == "invalid_request"
         r = c.post("/v1/jobs", json={"prompts": ["ok", " "]})
         assert r.status_code == 422 and "prompt 1 is empty" in r.text
-        r = c.post("/v1/jobs", json={"prompts": ["ok"], "mode": "window"})
-        assert r.status_code == 400 and "window" in r.json()["detail"]
+        r = c.post("/v1/jobs", json={"prompts": ["ok"], "mode": "window", "windows": "9-3"})
+        assert r.status_code == 422 and "windows" in r.text and "9-3" in r.text
+        r = c.post("/v1/jobs", json={"prompts": ["ok"], "windows": "always"})
+        assert r.status_code == 422 and "needs mode 'window'" in r.text
         assert c.get("/v1/jobs/job-nope").status_code == 404
 
 

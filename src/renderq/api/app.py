@@ -143,11 +143,6 @@ def create_app(service: RenderService) -> FastAPI:
     @app.post("/v1/jobs", response_model=JobStatus, status_code=202, responses=_ERRORS)
     async def create_job(body: JobCreate, who: Tenant) -> JobStatus:
         """Queue a bulk job at bulk priority; poll ``GET /v1/jobs/{id}``."""
-        if body.mode == "window":
-            raise ConfigError(
-                "mode 'window' is for offline runs: use `renderq run --mode window`; the "
-                "service batches bulk jobs dynamically behind interactive work"
-            )
         prompts = [
             (p, body.seed + i, "")
             if isinstance(p, str)
@@ -163,6 +158,7 @@ def create_app(service: RenderService) -> FastAPI:
             guidance=body.guidance,
             priority=body.priority,
             mode=body.mode,
+            windows=(body.windows or "always") if body.mode == "window" else None,
         )
         return JobStatus(**await asyncio.to_thread(service.job_status, who, job_id))
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from renderq.core.events import Event
+from renderq.core.policies import Windows
 from renderq.core.seeds import seed_for
 from renderq.core.types import Batch, BatchKey, Request
 from renderq.engine.job import STORE_NAME, JobListener, RunSettings, resume_points
@@ -77,10 +78,16 @@ class ServiceJob:
             return "done"
         return "running" if counts.get("accepted", 0) + counts.get("escalated", 0) else "queued"
 
-    def pending_requests(self) -> list[Request]:
-        """A request for every prompt not yet ended, at the attempt it resumes from."""
+    def pending_requests(self, clock_offset: float = 0.0) -> list[Request]:
+        """A request for every prompt not yet ended, at the attempt it resumes from.
+
+        A window-mode job's requests carry its windows, moved from Unix time onto the
+        scheduler's clock by ``clock_offset`` (scheduler now - Unix now).
+        """
         if self.meta["state"] == "cancelled":
             return []
+        spec = self.meta.get("windows")
+        window = None if spec is None else Windows.parse(spec).shifted(clock_offset)
         todo, _ = resume_points(self.store, self.max_attempts)
         out = []
         for pid, attempt in todo.items():
@@ -97,6 +104,7 @@ class ServiceJob:
                     negative_prompt=row.spec.get("negative_prompt", ""),
                     tenant=self.tenant,
                     job=self.id,
+                    window=window,
                 )
             )
         return out
@@ -131,6 +139,7 @@ class ServiceJob:
             "escalated": counts.get("escalated", 0),
             "pending": counts.get("pending", 0),
             "mode": str(self.meta["mode"]),
+            "windows": self.meta.get("windows"),
             "ledger": {
                 "device_seconds": ledger,
                 "total_device_seconds": total,
@@ -184,6 +193,7 @@ class JobBook:
         priority: int,
         mode: str,
         config: dict[str, Any],
+        windows: str | None = None,
         max_attempts: int,
     ) -> ServiceJob:
         """Write the job folder and store, and open it."""
@@ -198,6 +208,7 @@ class JobBook:
             "created": time.time(),
             "priority": priority,
             "mode": mode,
+            "windows": windows,
             "guidance": guidance,
             "key": {k: v for k, v in dataclasses.asdict(key).items() if k != "_hash"},
             "max_attempts": max_attempts,

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from renderq.core.errors import ConfigError
+from renderq.core.policies import Windows
 
 _SIZE = r"^[1-9][0-9]{0,4}x[1-9][0-9]{0,4}$"
 
@@ -80,7 +83,14 @@ class JobCreate(BaseModel):
     guidance: float | None = Field(None, ge=0.0, le=50.0)
     seed: int = Field(0, ge=0, lt=2**62, description="Seed of the first prompt; +1 per prompt.")
     mode: Literal["dynamic", "window"] = "dynamic"
-    windows: str | None = Field(None, description="Window mode: every=P,length=L or S-E,...")
+    windows: str | None = Field(
+        None,
+        description=(
+            "Window mode only: when the job may run, in Unix seconds (UTC): 'always' (the "
+            "default), 'every=P,length=L[,offset=O]' (e.g. every=86400,length=14400,"
+            "offset=3600 is 01:00-05:00 UTC daily) or 'S-E,...'."
+        ),
+    )
     priority: int = Field(0, ge=0, le=9)
 
     @field_validator("prompts")
@@ -90,6 +100,17 @@ class JobCreate(BaseModel):
             if isinstance(p, str) and not p.strip():
                 raise ValueError(f"prompt {i} is empty")
         return value
+
+    @model_validator(mode="after")
+    def _windows(self) -> JobCreate:
+        if self.windows is not None:
+            if self.mode != "window":
+                raise ValueError(f"windows {self.windows!r} needs mode 'window'")
+            try:
+                Windows.parse(self.windows)
+            except ConfigError as exc:
+                raise ValueError(f"windows: {exc}") from None
+        return self
 
 
 class JobStatus(BaseModel):
@@ -103,6 +124,7 @@ class JobStatus(BaseModel):
     escalated: int
     pending: int
     mode: str
+    windows: str | None = None
     ledger: dict[str, object]
 
 

@@ -263,6 +263,7 @@ class RenderService:
         if self.draining:
             self._refuse(503, "draining", "the service is shutting down; retry elsewhere", 5.0)
         mode = str(opts.get("mode", "dynamic"))
+        windows = opts.get("windows")
 
         def create(now: float) -> str:
             job = self.jobs.create(
@@ -272,6 +273,7 @@ class RenderService:
                 guidance=guidance,
                 priority=int(opts.get("priority") or 0),
                 mode=mode,
+                windows=windows,
                 config=self._job_config(guidance),
                 max_attempts=self.config.max_attempts,
             )
@@ -296,7 +298,8 @@ class RenderService:
 
     def _submit_job(self, job: ServiceJob, now: float) -> None:
         sched = self._scheduler()
-        for r in job.pending_requests():
+        # Job windows are in Unix time; the scheduler's clock is the engine's.
+        for r in job.pending_requests(clock_offset=now - time.time()):
             if sched.submit(r, now).admitted:
                 self._out[r.id] = _Outstanding(job.tenant, now)
             else:  # left pending in the job store; picked up when the job is resumed
