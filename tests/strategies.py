@@ -10,10 +10,13 @@ from tests.core.driver import key
 
 DEVICES = ("gpu0", "gpu1")
 
+LANE_WINDOWS = Windows(period=2.0, length=0.5, offset=0.25)
+"""The windows of the requests that carry their own (a windowed lane of their key)."""
+
 
 @st.composite
 def workloads(draw: st.DrawFn, max_requests: int = 40) -> list[Request]:
-    """Requests over a few keys, two device classes and three priorities."""
+    """Requests over a few keys, two device classes, three priorities; some windowed."""
     n = draw(st.integers(1, max_requests))
     out = []
     for i in range(n):
@@ -27,6 +30,7 @@ def workloads(draw: st.DrawFn, max_requests: int = 40) -> list[Request]:
                 base_seed=i,
                 priority=draw(st.integers(0, 2)),
                 arrival=draw(st.integers(0, 50)) / 10,
+                window=draw(st.sampled_from([None, None, None, LANE_WINDOWS])),
             )
         )
     return out

@@ -144,8 +144,8 @@ def _check_delay(
     sched: Scheduler, trace: Trace, free: dict[str, int], now: float, delay: float
 ) -> None:
     for rid, state in sched.states().items():
-        if state is not RequestState.QUEUED:
-            continue
+        if state is not RequestState.QUEUED or sched.request(rid).window is not None:
+            continue  # windowed requests wait for their windows, not the delay
         # Same-instant comparisons are exact because the driver wakes exactly at the due time.
         dc = sched.request(rid).key.device_class
         if free.get(dc, 0) > 0 and now >= trace.queued_at[rid] + delay:

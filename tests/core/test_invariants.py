@@ -67,6 +67,7 @@ def test_no_batch_exceeds_its_cap_or_mixes_keys(
         if policy.max_batch_size is not None:
             assert batch.cap <= policy.max_batch_size
         assert {r.key for r in batch.requests} == {batch.key}
+        assert len({r.window for r in batch.requests}) == 1
         assert len({r.id for r in batch.requests}) == batch.size
 
 
@@ -85,8 +86,20 @@ def test_window_batches_start_only_inside_windows(
     policy: Window, reqs: list[Request], seed: int, max_attempts: int
 ) -> None:
     _, trace = run(policy, reqs, seed, max_attempts)
-    for t, _ in trace.batches:
-        assert policy.windows.active(t) is not None, t
+    for t, batch in trace.batches:
+        own = batch.requests[0].window  # a windowed lane keeps to its own windows
+        assert (own or policy.windows).active(t) is not None, t
+
+
+@settings(max_examples=150, deadline=None)
+@given(policy=policies, **common)
+def test_windowed_requests_run_only_inside_their_windows(
+    policy: Policy, reqs: list[Request], seed: int, max_attempts: int
+) -> None:
+    _, trace = run(policy, reqs, seed, max_attempts)
+    for t, batch in trace.batches:
+        windows = batch.requests[0].window
+        assert windows is None or windows.active(t) is not None, (t, windows)
 
 
 @settings(max_examples=150, deadline=None)
