@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import random
 
-from renderq.models.shapes import clip_train, common, evaluate, world
+from renderq.models.shapes import clip_gate, common, evaluate, oracle, world
 
 
 def test_hard_negatives_change_only_the_first_shape() -> None:
     rng = random.Random(8)
     for scene in world.sample_batch(rng, 50, two_shape_prob=0.5):
         truth = world.parse_caption(scene.caption())
-        negatives = clip_train.hard_negatives(scene, rng)
-        assert len(negatives) == 3
+        negatives = clip_gate.negatives_for(scene, rng, [])
+        assert len(negatives) == clip_gate.NEGATIVES == len(set(negatives))
         for caption in negatives:
             parsed = world.parse_caption(caption)
             assert parsed.background == truth.background
@@ -20,6 +20,22 @@ def test_hard_negatives_change_only_the_first_shape() -> None:
             assert parsed.shapes[0] != truth.shapes[0]
         kinds = {world.parse_caption(c).shapes[0][0] for c in negatives[:2]}
         assert kinds == set(world.SHAPES) - {scene.shapes[0].kind}
+        # A failed render's prompt comes first when given.
+        assert clip_gate.negatives_for(scene, rng, ["x"])[0] == "x"
+
+
+def test_scene_from_reading_puts_the_subject_first_and_sizes_by_extent() -> None:
+    scene = world.Scene(
+        "blue",
+        (
+            world.Shape("square", "red", "large", 20, 20, 14),
+            world.Shape("circle", "white", "small", 48, 48, 8),
+        ),
+    )
+    reading = oracle.read_image(world.render(scene))
+    got = clip_gate.scene_from_reading(reading, ("white", "circle"))
+    assert got.caption() == "a small white circle and a large red square on a blue background"
+    assert clip_gate.scene_from_reading(reading, None).shapes[0].colour == "red"
 
 
 def test_step_stream_is_reproducible() -> None:

@@ -1,7 +1,8 @@
 """Command line: ``python -m renderq.models.shapes train|build|evaluate``.
 
-``train --stage clip|vae|unet|clip-vision|all [--fresh]`` trains from nothing or resumes from the
-checkpoint folder; ``build`` assembles the shipped folders from finished stages;
+``train --stage clip|vae|unet|clip-gate|all [--fresh]`` trains from nothing or resumes from the
+checkpoint folder; ``build`` assembles the shipped folders from finished stages; ``unpack``
+restores the export folders from shipped weights so a stage can continue from them;
 ``evaluate`` prints every figure of the model card.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from renderq.models.shapes import common
 
@@ -18,21 +20,17 @@ def _train(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     checkpoints = Path(args.checkpoints)
-    stages = ["clip", "vae", "unet", "clip-vision"] if args.stage == "all" else [args.stage]
+    stages = ["clip", "vae", "unet", "clip-gate"] if args.stage == "all" else [args.stage]
     for stage in stages:
-        if stage in ("clip", "clip-vision"):
-            from renderq.models.shapes.clip_train import VISION_STEPS, train_clip
+        if stage == "clip":
+            from renderq.models.shapes.clip_train import train_clip
 
-            vision = stage == "clip-vision"
-            steps = args.steps or (VISION_STEPS if vision else None)
-            kwargs = {} if steps is None else {"steps": steps}
+            kwargs = {} if args.steps is None else {"steps": args.steps}
             train_clip(
-                checkpoints,
-                checkpoints / "export" / "clip",
-                resume=not args.fresh,
-                vision_only=vision,
-                **kwargs,
+                checkpoints, checkpoints / "export" / "clip", resume=not args.fresh, **kwargs
             )
+        elif stage == "clip-gate":
+            _train_gate(args, checkpoints)
         elif stage == "vae":
             from renderq.models.shapes.vae_train import train_vae
 
@@ -41,14 +39,49 @@ def _train(args: argparse.Namespace) -> None:
         else:
             from renderq.models.shapes.unet_train import train_unet
 
-            kwargs = {} if args.steps is None else {"steps": args.steps}
-            train_unet(checkpoints, resume=not args.fresh, **kwargs)
+            unet_kwargs: dict[str, Any] = {} if args.steps is None else {"steps": args.steps}
+            if args.lr is not None:
+                unet_kwargs["lr"] = args.lr
+            if args.warmup is not None:
+                unet_kwargs["warmup"] = args.warmup
+            init = Path(args.init_from) if args.init_from else None
+            train_unet(checkpoints, resume=not args.fresh, init_from=init, **unet_kwargs)
+
+
+def _train_gate(args: argparse.Namespace, checkpoints: Path) -> None:
+    from renderq.models.shapes.clip_gate import GATE_STEPS, render_training_set, train_clip_gate
+
+    pipeline = Path(args.render_with) if args.render_with else checkpoints / "export" / "mini-sd"
+    if not args.render_with and not pipeline.exists():
+        from diffusers import AutoencoderKL, UNet2DConditionModel
+
+        from renderq.models.shapes.build import assemble_pipeline
+
+        export = checkpoints / "export"
+        vae = AutoencoderKL.from_pretrained(export / "vae")
+        unet = UNet2DConditionModel.from_pretrained(export / "unet")
+        assemble_pipeline(export / "clip", vae, unet).save_pretrained(pipeline)
+    renders = render_training_set(pipeline, args.renders, checkpoints / "clip-gate" / "renders.pt")
+    train_clip_gate(
+        checkpoints,
+        checkpoints / "export" / "clip-gate",
+        renders,
+        init_from=Path(args.init_from) if args.init_from else None,
+        steps=args.steps or GATE_STEPS,
+        resume=not args.fresh,
+    )
 
 
 def _build(args: argparse.Namespace) -> None:
     from renderq.models.shapes.build import build_all
 
     build_all(Path(args.checkpoints), Path(args.out))
+
+
+def _unpack(args: argparse.Namespace) -> None:
+    from renderq.models.shapes.build import unpack_shipped
+
+    print(unpack_shipped(Path(args.weights), Path(args.checkpoints)))
 
 
 def _evaluate(args: argparse.Namespace) -> None:
@@ -63,18 +96,29 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train one stage or all, resuming by default")
     train.add_argument(
-        "--stage", choices=["clip", "vae", "unet", "clip-vision", "all"], default="all"
+        "--stage", choices=["clip", "vae", "unet", "clip-gate", "all"], default="all"
     )
     train.add_argument("--checkpoints", default=str(common.DEFAULT_CHECKPOINTS))
     train.add_argument("--steps", type=int, default=None, help="total steps of the stage")
     train.add_argument("--fresh", action="store_true", help="ignore existing checkpoints")
     train.add_argument("--resume", action="store_true", help="resume (the default)")
     train.add_argument("--threads", type=int, default=2)
+    train.add_argument("--init-from", default=None, help="warm-start folder (unet, clip-gate)")
+    train.add_argument("--render-with", default=None, help="mini-SD folder (clip-gate)")
+    train.add_argument("--renders", type=int, default=1536, help="renders (clip-gate)")
+    train.add_argument("--lr", type=float, default=None, help="peak learning rate (unet)")
+    train.add_argument("--warmup", type=int, default=None, help="warm-up steps (unet)")
     train.set_defaults(func=_train)
     build = sub.add_parser("build", help="assemble the shipped weight folders")
     build.add_argument("--checkpoints", default=str(common.DEFAULT_CHECKPOINTS))
     build.add_argument("--out", default=str(common.WEIGHTS_DIR))
     build.set_defaults(func=_build)
+    unpack = sub.add_parser(
+        "unpack", help="restore export/clip and export/vae from shipped weights"
+    )
+    unpack.add_argument("--weights", default=str(common.WEIGHTS_DIR))
+    unpack.add_argument("--checkpoints", default=str(common.DEFAULT_CHECKPOINTS))
+    unpack.set_defaults(func=_unpack)
     evaluate = sub.add_parser("evaluate", help="print every figure of the model card")
     from renderq.models.shapes.evaluate import add_arguments
 

@@ -1,8 +1,9 @@
 """Assemble mini-SD from its trained parts and save the shipped folders.
 
-``weights/clip`` is the tiny CLIP (model, tokenizer, processor). ``weights/mini-sd`` is a
-``StableDiffusionPipeline`` folder (model_index.json, unet/, vae/, text_encoder/,
-tokenizer/, scheduler/) whose text encoder is the CLIP text tower, frozen.
+``weights/clip`` is the tiny CLIP scorer (model, tokenizer, processor), from the gate phase.
+``weights/mini-sd`` is a ``StableDiffusionPipeline`` folder (model_index.json, unet/, vae/,
+text_encoder/, tokenizer/, scheduler/) whose text encoder is the joint phase's CLIP text
+tower, frozen: the one its UNet was trained against.
 """
 
 from __future__ import annotations
@@ -79,15 +80,46 @@ def save_pipeline(pipeline: Any, out_dir: Path, clip_dir: Path) -> Path:
 
 
 def build_all(checkpoints: Path, out: Path) -> Path:
-    """Copy the CLIP export to ``out/clip`` and save the assembled pipeline to ``out/mini-sd``."""
+    """Copy the gate-phase CLIP to ``out/clip``; save the pipeline to ``out/mini-sd``.
+
+    The pipeline's text encoder comes from the joint-phase export (``export/clip``).
+    """
     from diffusers import AutoencoderKL, UNet2DConditionModel
 
     export = checkpoints / "export"
+    vae = AutoencoderKL.from_pretrained(export / "vae")
+    unet = UNet2DConditionModel.from_pretrained(export / "unet")
+    pipeline = assemble_pipeline(export / "clip", vae, unet)
     clip_dir = out / "clip"
     if clip_dir.exists():
         shutil.rmtree(clip_dir)
-    shutil.copytree(export / "clip", clip_dir)
-    vae = AutoencoderKL.from_pretrained(export / "vae")
-    unet = UNet2DConditionModel.from_pretrained(export / "unet")
-    save_pipeline(assemble_pipeline(clip_dir, vae, unet), out / "mini-sd", clip_dir)
+    shutil.copytree(export / "clip-gate", clip_dir)
+    save_pipeline(pipeline, out / "mini-sd", clip_dir)
     return out
+
+
+def unpack_shipped(weights: Path, checkpoints: Path) -> Path:
+    """Restore ``export/clip`` and ``export/vae`` from shipped weights, to continue training.
+
+    Later stages read the joint CLIP's text tower and the VAE from ``checkpoints/export``;
+    on a machine without the original checkpoints this rebuilds them from ``weights``:
+    the VAE as shipped, and a CLIP folder whose text tower is mini-SD's text encoder (the
+    tower its UNet was trained against, which the shipped scorer may have moved on from).
+    """
+    from diffusers import AutoencoderKL
+    from transformers import CLIPModel, CLIPTextModel
+
+    export = checkpoints / "export"
+    export.mkdir(parents=True, exist_ok=True)
+    AutoencoderKL.from_pretrained(weights / "mini-sd" / "vae").save_pretrained(
+        export / "vae", safe_serialization=True
+    )
+    clip = CLIPModel.from_pretrained(weights / "clip")
+    text = CLIPTextModel.from_pretrained(weights / "mini-sd" / "text_encoder")
+    clip.text_model.load_state_dict(getattr(text, "text_model", text).state_dict())
+    clip_dir = export / "clip"
+    if clip_dir.exists():
+        shutil.rmtree(clip_dir)
+    shutil.copytree(weights / "clip", clip_dir)
+    clip.save_pretrained(clip_dir, safe_serialization=True)
+    return export

@@ -1,14 +1,13 @@
 """Train the tiny CLIP contrastively on the shapes world and export it with ``save_pretrained``.
 
 The exported folder loads with ``CLIPModel.from_pretrained`` and ``CLIPProcessor.from_pretrained``
-exactly like a hub checkpoint. Its text tower doubles as the frozen text encoder of mini-SD.
+exactly like a hub checkpoint. Its text tower is mini-SD's frozen text encoder; the scorer
+continues from it in the gate phase (``clip_gate``).
 """
 
 from __future__ import annotations
 
-import random
 import shutil
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +15,6 @@ from renderq.models.shapes import common, tokenizer, world
 
 CLIP_SEED = 1
 """Seed of the CLIP data stream and initial weights."""
-
-VISION_STEPS = 400
-"""Steps of the vision-only phase that follows the UNet (text tower frozen)."""
 
 
 def clip_config(vocab_size: int) -> Any:
@@ -90,29 +86,16 @@ def train_clip(
     batch_size: int = 128,
     resume: bool = True,
     checkpoint_every: int = 250,
-    vision_only: bool = False,
 ) -> Path:
-    """Train (or resume) the tiny CLIP; export model, tokenizer and processor to ``out_dir``.
-
-    ``vision_only`` continues from the finished joint run with the text tower frozen, so
-    mini-SD's text encoder (that tower) stays exactly as its UNet was trained against.
-    """
+    """Train (or resume) the tiny CLIP; export model, tokenizer and processor to ``out_dir``."""
     import torch
     from transformers import CLIPModel
 
-    seed = CLIP_SEED + (100 if vision_only else 0)
-    name = "clip-vision" if vision_only else "clip"
+    seed, name, peak = CLIP_SEED, "clip", 1e-3
     torch.manual_seed(seed)
     tok = tokenizer.build_tokenizer(checkpoints / "tokenizer")
     model = CLIPModel(clip_config(len(tok)))
-    peak = 5e-4 if vision_only else 1e-3
-    if vision_only:
-        joint = common.load_checkpoint(checkpoints / "clip" / "ckpt.pt")
-        if joint is None:
-            raise FileNotFoundError("the vision-only phase needs the joint CLIP checkpoint")
-        model.load_state_dict(joint["model"])
-        model.text_model.requires_grad_(False)
-    trainable = [p for p in model.parameters() if p.requires_grad]
+    trainable = list(model.parameters())
     optimizer = torch.optim.AdamW(trainable, lr=peak, weight_decay=0.05)
     ckpt_path = checkpoints / name / "ckpt.pt"
     start = 0
@@ -124,31 +107,28 @@ def train_clip(
         print(f"[{name}] resumed at step {start}", flush=True)
     progress = common.Progress(name, steps)
     model.train()
-    if vision_only:
-        model.text_model.eval()
     for step in range(start, steps):
         rng = common.step_rng(seed, step)
         scenes = world.sample_batch(rng, batch_size)
         images = common.images_to_tensor([world.render(s) for s in scenes])
         captions = [s.caption() for s in scenes]
-        negatives = [c for s in scenes for c in hard_negatives(s, rng)] if vision_only else []
         gen = torch.Generator().manual_seed(seed * 7919 + step)
         images = degrade(images, gen)
         text = tok(
-            captions + negatives,
+            captions,
             padding="max_length",
             max_length=tokenizer.MAX_LENGTH,
             return_tensors="pt",
         )
         for group in optimizer.param_groups:
-            group["lr"] = common.cosine_lr(step, steps, peak, 0 if vision_only else 100)
+            group["lr"] = common.cosine_lr(step, steps, peak, 100)
         out = model(
             input_ids=text["input_ids"],
             attention_mask=text["attention_mask"],
             pixel_values=images,
-            return_loss=not vision_only,
+            return_loss=True,
         )
-        loss = out.loss if not vision_only else _hard_negative_loss(out.logits_per_image)
+        loss = out.loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
@@ -166,20 +146,7 @@ def train_clip(
     return export_clip(model, tok, out_dir, checkpoints)
 
 
-def hard_negatives(scene: world.Scene, rng: random.Random) -> list[str]:
-    """Captions that differ from the scene's only in the first shape's kind or colour."""
-    first, rest = scene.shapes[0], scene.shapes[1:]
-    used = {scene.background, *(s.colour for s in scene.shapes)}
-    out = []
-    for kind in world.SHAPES:
-        if kind != first.kind:
-            out.append(world.caption_for(scene.background, [replace(first, kind=kind), *rest]))
-    colour = rng.choice([c for c in world.COLOURS if c not in used])
-    out.append(world.caption_for(scene.background, [replace(first, colour=colour), *rest]))
-    return out
-
-
-def _hard_negative_loss(logits: Any) -> Any:
+def hard_negative_loss(logits: Any) -> Any:
     """Symmetric CLIP loss over the batch, where each image also faces its own hard negatives.
 
     ``logits`` is (B, B + B*K): the B true captions first, then K negatives per image.

@@ -124,8 +124,15 @@ def train_unet(
     resume: bool = True,
     checkpoint_every: int = 100,
     lr: float = 1e-3,
+    init_from: Path | None = None,
+    warmup: int = 200,
 ) -> Path:
-    """Train (or resume) the UNet; the EMA weights go to ``checkpoints/export/unet``."""
+    """Train (or resume) the UNet; the EMA weights go to ``checkpoints/export/unet``.
+
+    ``init_from`` (a ``UNet2DConditionModel`` folder, for example the shipped
+    ``weights/mini-sd/unet``) warm-starts a run that has no checkpoint yet: model and
+    average start from those weights, the optimizer and schedule from step 0.
+    """
     import torch
     from diffusers import DDPMScheduler
 
@@ -143,6 +150,12 @@ def train_unet(
         optimizer.load_state_dict(state["optimizer"])
         start = int(state["step"])
         print(f"[unet] resumed at step {start}", flush=True)
+    elif init_from is not None:
+        from diffusers import UNet2DConditionModel
+
+        unet.load_state_dict(UNet2DConditionModel.from_pretrained(init_from).state_dict())
+        ema.load_state_dict(unet.state_dict())
+        print(f"[unet] warm start from {init_from}", flush=True)
     scheduler = DDPMScheduler(**noise_scheduler_config())
     alphas = scheduler.alphas_cumprod
     snr = alphas / (1 - alphas)
@@ -160,7 +173,7 @@ def train_unet(
         t = torch.randint(0, TRAIN_TIMESTEPS, (batch_size,), generator=gen)
         noisy = scheduler.add_noise(latents, noise, t)
         for group in optimizer.param_groups:
-            group["lr"] = common.cosine_lr(step, steps, lr, 200)
+            group["lr"] = common.cosine_lr(step, steps, lr, warmup)
         pred = unet(noisy, t, encoder_hidden_states=cond).sample
         weight = torch.clamp(snr[t], max=5.0) / snr[t]
         loss = (weight * ((pred - noise) ** 2).mean(dim=(1, 2, 3))).mean()
@@ -169,7 +182,7 @@ def train_unet(
         torch.nn.utils.clip_grad_norm_(unet.parameters(), 1.0)
         optimizer.step()
         # Short warm-up of the average: early weights are noise and should not linger.
-        _ema_update(ema, unet, min(0.998, (1 + step) / (10 + step)))
+        _ema_update(ema, unet, 0.998 if init_from else min(0.998, (1 + step) / (10 + step)))
         progress.update(step, float(loss.detach()))
         if (step + 1) % checkpoint_every == 0 or step + 1 == steps:
             common.save_checkpoint(

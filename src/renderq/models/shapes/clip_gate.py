@@ -1,0 +1,235 @@
+"""The gate phase of the tiny CLIP: both towers trained with hard negatives, partly on renders.
+
+The joint phase (``clip_train``) gives mini-SD its text encoder and stays frozen for it. The
+scorer that gates mini-SD's images needs more than that phase teaches: its text tower must
+tell "circle" from "square" (a contrastive batch rarely holds two captions that differ only
+there), and it must judge *generated* images, which are softer than the world's and fail in
+their own ways (a small square drawn as a blob). So this phase continues from the joint CLIP
+with both towers trainable and:
+
+- every image faces hard negatives: its caption with the first shape's kind swapped (twice)
+  and its colour swapped, the parts the QA check (``oracle.matches``) looks at;
+- a share of each batch is images rendered by mini-SD from random grammar prompts (rendered
+  once and cached), each captioned with what the pixel oracle reads in it. When the oracle
+  says a render does not show its prompt's subject, that prompt is one of its negatives, so
+  the scorer learns what a failed render looks like. Prompts and seeds are disjoint from the
+  ones ``evaluate`` measures the gate on.
+
+The result is exported as the shipped scorer (``weights/clip``); mini-SD keeps the joint
+phase's text tower, so its UNet still sees the encoder it was trained against.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from renderq.models.shapes import common, oracle, tokenizer, world
+from renderq.models.shapes.clip_train import (
+    CLIP_SEED,
+    clip_config,
+    degrade,
+    export_clip,
+    hard_negative_loss,
+)
+
+GATE_SEED = CLIP_SEED + 200
+"""Seed of this phase's data stream."""
+
+GATE_STEPS = 600
+"""Default steps of the gate phase."""
+
+RENDER_PROMPT_SEED = 80_000
+"""Seed of the prompts rendered for training (the evaluation uses 50,000-70,000)."""
+
+RENDER_SEED_BASE = 10_000_000
+"""Generator seeds of the training renders: far from the evaluation's ``1000 * i + k``."""
+
+NEGATIVES = 4
+"""Hard negatives per image."""
+
+SMALL_MAX_HALF_EXTENT = 11
+"""Half-extents above this read as "large" (the world draws small 7-9, large 13-16)."""
+
+
+def scene_from_reading(reading: oracle.Reading, subject: tuple[str, str] | None) -> world.Scene:
+    """A scene describing what the oracle read: up to two shapes, ``subject`` first if seen.
+
+    Positions are the detections' box centres; the size word comes from the box extent.
+    """
+    detections = list(reading.shapes)
+    if subject is not None:
+        detections.sort(key=lambda d: (d.colour, d.kind) != subject)
+    shapes = []
+    for d in detections[:2]:
+        x0, y0, x1, y1 = d.bbox
+        half = max(x1 - x0, y1 - y0) / 2
+        size = "small" if half <= SMALL_MAX_HALF_EXTENT else "large"
+        shapes.append(world.Shape(d.kind, d.colour, size, (x0 + x1) // 2, (y0 + y1) // 2, 0))
+    return world.Scene(reading.background, tuple(shapes))
+
+
+def negatives_for(scene: world.Scene, rng: random.Random, extra: list[str]) -> list[str]:
+    """``NEGATIVES`` captions: ``extra`` first, then kind swaps, then colour swaps."""
+    first, rest = scene.shapes[0], scene.shapes[1:]
+    used = {scene.background, *(s.colour for s in scene.shapes)}
+    kinds = [
+        world.caption_for(scene.background, [replace(first, kind=k), *rest])
+        for k in world.SHAPES
+        if k != first.kind
+    ]
+    free = [c for c in world.COLOURS if c not in used]
+    colours = [
+        world.caption_for(scene.background, [replace(first, colour=c), *rest])
+        for c in rng.sample(free, min(len(free), NEGATIVES))
+    ]
+    out = list(extra)
+    for caption in [*kinds, *colours]:
+        if len(out) == NEGATIVES:
+            break
+        out.append(caption)
+    return out
+
+
+def render_training_set(pipeline_dir: Path, n: int, cache: Path, batch: int = 16) -> dict[str, Any]:
+    """Render ``n`` random prompts with mini-SD once; keep images, prompts and oracle captions.
+
+    Renders whose reading holds no shape are dropped (they have no caption to be positive
+    for). Cached at ``cache``; a second call returns the cache.
+    """
+    import torch
+    from diffusers import StableDiffusionPipeline
+
+    from renderq.models.shapes.build import DEFAULT_GUIDANCE, DEFAULT_STEPS
+
+    cached = common.load_checkpoint(cache)
+    if cached is not None:
+        return cached
+    pipe = StableDiffusionPipeline.from_pretrained(pipeline_dir)
+    pipe.set_progress_bar_config(disable=True)
+    rng = random.Random(RENDER_PROMPT_SEED)
+    prompts = [world.random_caption(rng) for _ in range(n)]
+    images, kept, captions, matched = [], [], [], []
+    for i in range(0, n, batch):
+        gens = [torch.Generator().manual_seed(RENDER_SEED_BASE + j) for j in range(i, i + batch)]
+        out = pipe(
+            prompts[i : i + batch],
+            generator=gens[: len(prompts[i : i + batch])],
+            num_inference_steps=DEFAULT_STEPS,
+            guidance_scale=DEFAULT_GUIDANCE,
+            output_type="np",
+        ).images
+        for prompt, array in zip(prompts[i : i + batch], out, strict=True):
+            image = np.asarray((array * 255).round().clip(0, 255), dtype=np.uint8)
+            verdict = oracle.check(image, prompt)
+            if not verdict.reading.shapes:
+                continue
+            kind, colour, _ = world.parse_caption(prompt).shapes[0]
+            scene = scene_from_reading(verdict.reading, (colour, kind))
+            images.append(image)
+            kept.append(prompt)
+            captions.append(scene.caption())
+            matched.append(verdict.subject_ok)
+        print(f"[clip-gate] rendered {min(n, i + batch)}/{n}", flush=True)
+    data = {"images": np.stack(images), "prompts": kept, "captions": captions, "matched": matched}
+    common.save_checkpoint(cache, data)
+    print(f"[clip-gate] kept {len(kept)} renders, oracle match {np.mean(matched):.1%}", flush=True)
+    return data
+
+
+def _rendered_batch(
+    data: dict[str, Any], rng: random.Random, n: int
+) -> tuple[list[np.ndarray], list[str], list[str]]:
+    """``n`` cached renders with their oracle captions and hard negatives."""
+    images, captions, negatives = [], [], []
+    for i in (rng.randrange(len(data["prompts"])) for _ in range(n)):
+        caption = data["captions"][i]
+        scene = world.scene_for_caption(caption, rng)
+        extra = [] if data["matched"][i] else [data["prompts"][i]]
+        images.append(data["images"][i])
+        captions.append(caption)
+        negatives += negatives_for(scene, rng, extra)
+    return images, captions, negatives
+
+
+def train_clip_gate(
+    checkpoints: Path,
+    out_dir: Path,
+    renders: dict[str, Any],
+    init_from: Path | None = None,
+    steps: int = GATE_STEPS,
+    batch_size: int = 128,
+    rendered_share: float = 0.5,
+    lr: float = 3e-4,
+    resume: bool = True,
+    checkpoint_every: int = 50,
+) -> Path:
+    """Train (or resume) the gate phase; export the scorer CLIP to ``out_dir``.
+
+    Starts from the joint checkpoint, or from ``init_from`` (a CLIP folder) when given.
+    """
+    import torch
+    from transformers import CLIPModel
+
+    torch.manual_seed(GATE_SEED)
+    tok = tokenizer.build_tokenizer(checkpoints / "tokenizer")
+    if init_from is not None:
+        model = CLIPModel.from_pretrained(init_from)
+    else:
+        joint = common.load_checkpoint(checkpoints / "clip" / "ckpt.pt")
+        if joint is None:
+            raise FileNotFoundError("the gate phase needs the joint CLIP checkpoint or --init-from")
+        model = CLIPModel(clip_config(len(tok)))
+        model.load_state_dict(joint["model"])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05)
+    ckpt_path = checkpoints / "clip-gate" / "ckpt.pt"
+    start = 0
+    state = common.load_checkpoint(ckpt_path) if resume else None
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start = int(state["step"])
+        print(f"[clip-gate] resumed at step {start}", flush=True)
+    n_rendered = int(batch_size * rendered_share)
+    progress = common.Progress("clip-gate", steps)
+    model.train()
+    for step in range(start, steps):
+        rng = common.step_rng(GATE_SEED, step)
+        scenes = world.sample_batch(rng, batch_size - n_rendered)
+        gen = torch.Generator().manual_seed(GATE_SEED * 7919 + step)
+        world_images = degrade(common.images_to_tensor([world.render(s) for s in scenes]), gen)
+        r_images, r_captions, r_negatives = _rendered_batch(renders, rng, n_rendered)
+        images = torch.cat([world_images, common.images_to_tensor(r_images)])
+        captions = [s.caption() for s in scenes] + r_captions
+        negatives = [c for s in scenes for c in negatives_for(s, rng, [])] + r_negatives
+        text = tok(
+            captions + negatives,
+            padding="max_length",
+            max_length=tokenizer.MAX_LENGTH,
+            return_tensors="pt",
+        )
+        for group in optimizer.param_groups:
+            group["lr"] = common.cosine_lr(step, steps, lr, 50)
+        out = model(
+            input_ids=text["input_ids"], attention_mask=text["attention_mask"], pixel_values=images
+        )
+        loss = hard_negative_loss(out.logits_per_image)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        progress.update(step, float(loss.detach()))
+        if (step + 1) % checkpoint_every == 0 or step + 1 == steps:
+            common.save_checkpoint(
+                ckpt_path,
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "step": step + 1,
+                },
+            )
+    return export_clip(model, tok, out_dir, checkpoints)
