@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from renderq.core.admission import AdmissionConfig
+from renderq.core.admission import AdmissionConfig, expected_finish
 from renderq.core.cost import LatencyCurve, StageCost
 from renderq.core.errors import ConfigError, InvalidTransition, UnknownRequest
 from renderq.core.events import Accepted, Cancelled, Escalated, Regenerating, ToScore
@@ -302,6 +302,8 @@ def test_admission_prices_the_regenerations_of_the_queue_ahead_and_its_own() -> 
             scores = tuple(0.9 if r.attempt or int(r.id[1:]) % 2 else 0.1 for r in b.requests)
             s.on_scores([r.id for r in b.requests], ScoreResult(scores, 0.0, "gpu0"), 0.0)
     assert s.renders_per_request() == 1.5
+    # Alone: its batch of one (1 s) and two retries that would ride in batches of one.
+    assert not s.submit(req(9, deadline=2.9), 0.0).admitted
     for i in range(4):
         assert s.submit(req(i), 0.0).admitted
     # 4 ahead x 1.5 = 6 renders + itself = 7: one batch of 4 (2 s) + a batch of 3 (5/3 s),
@@ -371,3 +373,11 @@ def test_windowed_requests_form_their_own_lane_of_the_key() -> None:
     # An out-of-memory result lowers the cap of the key, in every lane.
     s.on_result(ok(w.id, list(w.requests), fitted=2), 11.0)
     assert s.cap(K0) == 2
+
+
+def test_expected_finish_prices_retries_at_the_batch_the_queue_would_fill() -> None:
+    curve = LatencyCurve((1, 4), (1.0, 2.0))
+    alone = expected_finish(0.0, 0, 4, curve.latency, 1, renders_per_request=1.5, retries=2)
+    assert alone == pytest.approx(1.0 + 2 * 1.0)
+    busy = expected_finish(10.0, 8, 4, curve.latency, 2, renders_per_request=1.0, retries=1)
+    assert busy == pytest.approx(10.0 + (2 * 2.0 + 1.0 + 2.0) / 2)

@@ -5,9 +5,12 @@ check. The deadline check asks the cost model when the request would finish if e
 batch ahead of it (of equal or higher priority) ran full on the key's workers. The work
 ahead is ``ahead * renders_per_request`` renders (the regenerations the queue ahead will
 still need, at the rate seen so far), the request's own batch is priced at its own size,
-and each regeneration the request itself may need adds one full batch (regenerations keep
-their place in the queue, so a retry waits for one batch, not for the whole queue again):
-``now + (full batches * latency(cap) + latency(rest) + retries * latency(cap)) / workers``.
+and each regeneration the request itself may need adds one batch (regenerations go ahead
+of new requests, so a retry waits for one batch, not for the whole queue again) of the
+size the queue would fill, ``min(cap, ahead + 1)``:
+``now + (full batches * latency(cap) + latency(rest) + retries * latency(b)) / workers``.
+Pricing every retry the budget allows keeps requests admitted at the edge of their deadline
+from missing it when they fail the gate; it costs a short queue one small batch each.
 A request whose deadline falls before that is rejected with reason ``deadline``; callers
 may retry after the queue ahead has drained.
 """
@@ -49,11 +52,12 @@ def expected_finish(
     """When a request with ``ahead`` requests before it would finish, batches running full.
 
     ``renders_per_request`` prices the regenerations of the queue ahead; ``retries`` the
-    request's own (one full batch each).
+    request's own (one batch each, as full as the queue would make it).
     """
     total = math.ceil(ahead * renders_per_request) + 1
     full, rest = divmod(total, cap)
-    busy = full * latency(cap) + (latency(rest) if rest else 0.0) + retries * latency(cap)
+    busy = full * latency(cap) + (latency(rest) if rest else 0.0)
+    busy += retries * latency(min(cap, total))
     return now + busy / workers
 
 
