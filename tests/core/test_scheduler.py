@@ -339,7 +339,12 @@ def test_admission_learns_the_observed_latency_of_the_device() -> None:
     cost = StageCost(LatencyCurve((1, 4), (1.0, 2.0)))
     s = Scheduler(Dynamic(0.0, 4), qa=QAPolicy(max_attempts=1), cost=lambda k: cost)
     assert s.latency_scale("gpu0") == 1.0
+    # Never measured and idle: the first request goes in even against its curve (5 s).
+    assert s.submit(req(99, deadline=0.5), 0.0).admitted
+    s.cancel("r99", 0.0)
     assert s.submit(req(0, deadline=1.5), 0.0).admitted  # 1 s predicted
+    # Not idle any more: the curve decides.
+    assert not s.submit(req(98, deadline=0.5), 0.0).admitted
     [b] = s.schedule(0.0, {"gpu0": 1})
     s.on_result(ok(b.id, list(b.requests)), 3.0)  # took 3 s: three times the curve
     s.on_scores(["r0"], ScoreResult((0.9,), 0.0, "gpu0"), 3.0)

@@ -122,6 +122,7 @@ class Scheduler:
         self._finished = 0
         self._renders_of_finished = 0
         self._latency_scale: dict[str, float] = {}
+        self._measured: set[str] = set()  # device classes a render batch came back from
 
     # -- inspection ---------------------------------------------------------------------
 
@@ -196,8 +197,14 @@ class Scheduler:
             self._enqueue(rec, q, now)
             return _ADMITTED
         cost = self._stage_cost(request.key)
-        scale = self.latency_scale(request.key.device_class)
+        dev = request.key.device_class
+        scale = self.latency_scale(dev)
         gated = request.qa and self.qa.enabled
+        # A device no batch has come back from yet is priced by its curve alone, which may
+        # be far off (one slow warm-up). Refusing every deadline would keep it unmeasured
+        # for good, so the first request on it while it is idle goes in and measures it.
+        if cost is not None and dev not in self._measured and self._device_idle(dev):
+            cost = None
         verdict = admit(
             self._admission,
             now=now,
@@ -365,7 +372,14 @@ class Scheduler:
 
     # -- internals ----------------------------------------------------------------------
 
+    def _device_idle(self, device_class: str) -> bool:
+        busy = any(b.key.device_class == device_class for b in self._running.values())
+        return not busy and not any(
+            q.live for (key, _), q in self._queues.items() if key.device_class == device_class
+        )
+
     def _observe_latency(self, batch: Batch, now: float) -> None:
+        self._measured.add(batch.key.device_class)
         cost = self._stage_cost(batch.key)
         wall = now - batch.created_at
         if cost is None or wall <= 0 or batch.size > cost.curve.max_size:

@@ -32,7 +32,6 @@ from renderq.models.shapes import common, oracle, tokenizer, world
 from renderq.models.shapes.clip_train import (
     CLIP_SEED,
     clip_config,
-    degrade,
     export_clip,
     hard_negative_loss,
 )
@@ -40,7 +39,7 @@ from renderq.models.shapes.clip_train import (
 GATE_SEED = CLIP_SEED + 200
 """Seed of this phase's data stream."""
 
-GATE_STEPS = 600
+GATE_STEPS = 3000
 """Default steps of the gate phase."""
 
 RENDER_PROMPT_SEED = 80_000
@@ -162,9 +161,9 @@ def train_clip_gate(
     renders: dict[str, Any],
     init_from: Path | None = None,
     steps: int = GATE_STEPS,
-    batch_size: int = 128,
-    rendered_share: float = 0.5,
-    lr: float = 3e-4,
+    batch_size: int = 64,
+    rendered_share: float = 0.25,
+    lr: float = 1e-3,
     resume: bool = True,
     checkpoint_every: int = 50,
 ) -> Path:
@@ -200,8 +199,8 @@ def train_clip_gate(
     for step in range(start, steps):
         rng = common.step_rng(GATE_SEED, step)
         scenes = world.sample_batch(rng, batch_size - n_rendered)
-        gen = torch.Generator().manual_seed(GATE_SEED * 7919 + step)
-        world_images = degrade(common.images_to_tensor([world.render(s) for s in scenes]), gen)
+        # World images stay sharp here: the renders bring the soft, generated look.
+        world_images = common.images_to_tensor([world.render(s) for s in scenes])
         r_images, r_captions, r_negatives = _rendered_batch(renders, rng, n_rendered)
         images = torch.cat([world_images, common.images_to_tensor(r_images)])
         captions = [s.caption() for s in scenes] + r_captions
@@ -213,7 +212,7 @@ def train_clip_gate(
             return_tensors="pt",
         )
         for group in optimizer.param_groups:
-            group["lr"] = common.cosine_lr(step, steps, lr, 50)
+            group["lr"] = common.cosine_lr(step, steps, lr, 30)
         out = model(
             input_ids=text["input_ids"], attention_mask=text["attention_mask"], pixel_values=images
         )
