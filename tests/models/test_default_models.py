@@ -124,3 +124,19 @@ def test_smoke_default_steps_render_readable_images(pipe: Any) -> None:
         for im, p in zip(images, prompts, strict=True)
     )
     assert hits >= 2
+
+
+def test_unpack_restores_the_text_tower_mini_sd_was_trained_against(tmp_path: Any) -> None:
+    import torch
+    from transformers import CLIPModel, CLIPTextModel
+
+    from renderq.models.shapes.build import unpack_shipped
+
+    export = unpack_shipped(shapes.default_pipeline_path().parent, tmp_path)
+    clip = CLIPModel.from_pretrained(export / "clip")
+    text = CLIPTextModel.from_pretrained(shapes.default_pipeline_path() / "text_encoder")
+    ours = clip.text_model.state_dict()
+    theirs = getattr(text, "text_model", text).state_dict()
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert (export / "vae" / "config.json").exists()

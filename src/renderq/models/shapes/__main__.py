@@ -49,7 +49,12 @@ def _train(args: argparse.Namespace) -> None:
 
 
 def _train_gate(args: argparse.Namespace, checkpoints: Path) -> None:
-    from renderq.models.shapes.clip_gate import GATE_STEPS, render_training_set, train_clip_gate
+    from renderq.models.shapes.clip_gate import (
+        GATE_STEPS,
+        RENDER_STEPS,
+        render_training_set,
+        train_clip_gate,
+    )
 
     pipeline = Path(args.render_with) if args.render_with else checkpoints / "export" / "mini-sd"
     if not args.render_with and not pipeline.exists():
@@ -68,6 +73,8 @@ def _train_gate(args: argparse.Namespace, checkpoints: Path) -> None:
         renders,
         init_from=Path(args.init_from) if args.init_from else None,
         steps=args.steps or GATE_STEPS,
+        render_steps=RENDER_STEPS if args.render_steps is None else args.render_steps,
+        rendered_share=args.rendered_share,
         resume=not args.fresh,
     )
 
@@ -105,7 +112,13 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument("--threads", type=int, default=2)
     train.add_argument("--init-from", default=None, help="warm-start folder (unet, clip-gate)")
     train.add_argument("--render-with", default=None, help="mini-SD folder (clip-gate)")
-    train.add_argument("--renders", type=int, default=1536, help="renders (clip-gate)")
+    train.add_argument("--renders", type=int, default=2048, help="renders (clip-gate)")
+    train.add_argument(
+        "--rendered-share", type=float, default=0.5, help="renders' share of a batch (clip-gate)"
+    )
+    train.add_argument(
+        "--render-steps", type=int, default=None, help="steps with renders (clip-gate)"
+    )
     train.add_argument("--lr", type=float, default=None, help="peak learning rate (unet)")
     train.add_argument("--warmup", type=int, default=None, help="warm-up steps (unet)")
     train.set_defaults(func=_train)

@@ -39,8 +39,11 @@ from renderq.models.shapes.clip_train import (
 GATE_SEED = CLIP_SEED + 200
 """Seed of this phase's data stream."""
 
-GATE_STEPS = 3000
-"""Default steps of the gate phase."""
+GATE_STEPS = 2000
+"""Steps of the gate phase's first part: world images only, every one with hard negatives."""
+
+RENDER_STEPS = 500
+"""Steps of its second part, where half of each batch is cached mini-SD renders."""
 
 RENDER_PROMPT_SEED = 80_000
 """Seed of the prompts rendered for training (the evaluation uses 50,000-70,000)."""
@@ -161,15 +164,20 @@ def train_clip_gate(
     renders: dict[str, Any],
     init_from: Path | None = None,
     steps: int = GATE_STEPS,
+    render_steps: int = RENDER_STEPS,
     batch_size: int = 64,
-    rendered_share: float = 0.25,
+    rendered_share: float = 0.5,
     lr: float = 1e-3,
+    render_lr: float = 3e-4,
     resume: bool = True,
     checkpoint_every: int = 50,
 ) -> Path:
     """Train (or resume) the gate phase; export the scorer CLIP to ``out_dir``.
 
     Starts from the joint checkpoint, or from ``init_from`` (a CLIP folder) when given.
+    ``steps`` on world images teach shapes (a cosine schedule from ``lr``); then
+    ``render_steps`` with ``rendered_share`` of each batch rendered teach the generated look
+    and its failures (a second, lower schedule from ``render_lr``).
     """
     import torch
     from transformers import CLIPModel
@@ -193,16 +201,19 @@ def train_clip_gate(
         optimizer.load_state_dict(state["optimizer"])
         start = int(state["step"])
         print(f"[clip-gate] resumed at step {start}", flush=True)
-    n_rendered = int(batch_size * rendered_share)
-    progress = common.Progress("clip-gate", steps)
+    total = steps + render_steps
+    progress = common.Progress("clip-gate", total)
     model.train()
-    for step in range(start, steps):
+    for step in range(start, total):
         rng = common.step_rng(GATE_SEED, step)
+        n_rendered = 0 if step < steps else int(batch_size * rendered_share)
         scenes = world.sample_batch(rng, batch_size - n_rendered)
         # World images stay sharp here: the renders bring the soft, generated look.
         world_images = common.images_to_tensor([world.render(s) for s in scenes])
         r_images, r_captions, r_negatives = _rendered_batch(renders, rng, n_rendered)
-        images = torch.cat([world_images, common.images_to_tensor(r_images)])
+        images = torch.cat(
+            [world_images, *([common.images_to_tensor(r_images)] if r_images else [])]
+        )
         captions = [s.caption() for s in scenes] + r_captions
         negatives = [c for s in scenes for c in negatives_for(s, rng, [])] + r_negatives
         text = tok(
@@ -212,7 +223,11 @@ def train_clip_gate(
             return_tensors="pt",
         )
         for group in optimizer.param_groups:
-            group["lr"] = common.cosine_lr(step, steps, lr, 30)
+            group["lr"] = (
+                common.cosine_lr(step, steps, lr, 30)
+                if step < steps
+                else common.cosine_lr(step - steps, render_steps, render_lr, 20)
+            )
         out = model(
             input_ids=text["input_ids"], attention_mask=text["attention_mask"], pixel_values=images
         )
@@ -222,7 +237,7 @@ def train_clip_gate(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         progress.update(step, float(loss.detach()))
-        if (step + 1) % checkpoint_every == 0 or step + 1 == steps:
+        if (step + 1) % checkpoint_every == 0 or step + 1 in (steps, total):
             common.save_checkpoint(
                 ckpt_path,
                 {
