@@ -56,16 +56,19 @@ def _train_gate(args: argparse.Namespace, checkpoints: Path) -> None:
         train_clip_gate,
     )
 
+    # Renders come from mini-SD as the earlier stages left it (assembled anew each time, so
+    # never from a stale UNet), unless --render-with names a pipeline folder. They are cached
+    # in clip-gate/renders.pt; delete that file after retraining the UNet.
     pipeline = Path(args.render_with) if args.render_with else checkpoints / "export" / "mini-sd"
-    if not args.render_with and not pipeline.exists():
+    if not args.render_with:
         from diffusers import AutoencoderKL, UNet2DConditionModel
 
-        from renderq.models.shapes.build import assemble_pipeline
+        from renderq.models.shapes.build import assemble_pipeline, save_pipeline
 
         export = checkpoints / "export"
         vae = AutoencoderKL.from_pretrained(export / "vae")
         unet = UNet2DConditionModel.from_pretrained(export / "unet")
-        assemble_pipeline(export / "clip", vae, unet).save_pretrained(pipeline)
+        save_pipeline(assemble_pipeline(export / "clip", vae, unet), pipeline, export / "clip")
     renders = render_training_set(pipeline, args.renders, checkpoints / "clip-gate" / "renders.pt")
     train_clip_gate(
         checkpoints,
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument("--threads", type=int, default=2)
     train.add_argument("--init-from", default=None, help="warm-start folder (unet, clip-gate)")
     train.add_argument("--render-with", default=None, help="mini-SD folder (clip-gate)")
-    train.add_argument("--renders", type=int, default=2048, help="renders (clip-gate)")
+    train.add_argument("--renders", type=int, default=1024, help="renders (clip-gate)")
     train.add_argument(
         "--rendered-share", type=float, default=0.5, help="renders' share of a batch (clip-gate)"
     )
