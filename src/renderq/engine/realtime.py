@@ -3,12 +3,8 @@
 One step reads like the simulator's: now -> schedule -> run -> score -> decide -> commit
 -> feed results back -> sleep until ``next_wakeup`` or the next result. Rendering and
 scoring are separate stages on separate worker threads (one render worker per device
-class, one scorer worker), so the scorer works on batch N while batch N+1 renders on
-another device; torch releases the GIL inside its kernels, so the stages really overlap.
-When the scorer shares a device class with a renderer (one CPU, or one card for both
-stages) the two take turns on it: overlapping buys nothing there, and on a CPU the two
-stages' threads and Python work fight over the same cores and the GIL, which slowed each
-render batch far more than the scoring itself took.
+class, one scorer worker), so the scorer works on batch N while batch N+1 renders;
+torch releases the GIL inside its kernels, so the stages really overlap.
 
 The engine never decides anything about batching (the scheduler does) and never writes
 anything (its ``Listener`` does): every render or score batch that comes back is fed to
@@ -18,7 +14,6 @@ the ledger rows it booked, which the listener commits in one transaction.
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 import time
@@ -121,8 +116,6 @@ class RealtimeEngine:
         self._to_score: deque[tuple[Request, Any]] = deque()
         self._retry: deque[_ScoreJob] = deque()
         self._stop = threading.Event()
-        # One lock per device: the scorer takes its device's lock when it shares one.
-        self._device_locks = {dc: threading.Lock() for dc in self.executors}
 
     def now(self) -> float:
         """Seconds since the engine was created (the scheduler's time axis)."""
@@ -271,8 +264,7 @@ class RealtimeEngine:
         while (batch := inbox.get()) is not None:
             start = time.perf_counter()
             try:
-                with self._device_locks[device_class]:
-                    result = executor.run(batch)
+                result = executor.run(batch)
             except Exception as exc:  # an executor must not raise; if it does, fail the items
                 error = f"executor failed: {type(exc).__name__}: {exc}"
                 items = tuple(ItemResult(r.id, error=error) for r in batch.requests)
@@ -280,11 +272,9 @@ class RealtimeEngine:
             self._inbox.put((_RENDERED, (batch, result)))
 
     def _score_worker(self) -> None:
-        shared = self._device_locks.get(self.scorer.device_class)
         while (job := self._score_q.get()) is not None:
             try:
-                with shared or contextlib.nullcontext():
-                    result = self.scorer.score(job.images, [r.prompt for r in job.requests])
+                result = self.scorer.score(job.images, [r.prompt for r in job.requests])
             except Exception as exc:
                 self._inbox.put((_SCORE_FAILED, (job, f"{type(exc).__name__}: {exc}")))
                 continue
