@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 from renderq.models.shapes import clip_gate, common, evaluate, oracle, world
 
@@ -67,3 +68,20 @@ def test_threshold_calibration_maximises_agreement() -> None:
     threshold = evaluate.calibrate_threshold(scores, truth)
     assert 12.0 < threshold <= 29.0
     assert ((scores >= threshold) == truth).all()
+
+
+def test_training_state_round_trips(tmp_path: Path) -> None:
+    import torch
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    path = tmp_path / "ckpt.pt"
+    assert common.resume_training(path, model, optimizer, "t") == 0  # nothing saved yet
+    common.save_training(path, model, optimizer, 7)
+    fresh = torch.nn.Linear(3, 2)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
+    assert common.resume_training(path, fresh, fresh_opt, "t") == 7
+    assert torch.equal(fresh.weight, model.weight)
+    assert fresh_opt.state_dict()["state"].keys() == optimizer.state_dict()["state"].keys()

@@ -194,13 +194,7 @@ def train_clip_gate(
         model.load_state_dict(joint["model"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05)
     ckpt_path = checkpoints / "clip-gate" / "ckpt.pt"
-    start = 0
-    state = common.load_checkpoint(ckpt_path) if resume else None
-    if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start = int(state["step"])
-        print(f"[clip-gate] resumed at step {start}", flush=True)
+    start = common.resume_training(ckpt_path, model, optimizer, "clip-gate") if resume else 0
     total = steps + render_steps
     progress = common.Progress("clip-gate", total)
     model.train()
@@ -238,12 +232,5 @@ def train_clip_gate(
         optimizer.step()
         progress.update(step, float(loss.detach()))
         if (step + 1) % checkpoint_every == 0 or step + 1 in (steps, total):
-            common.save_checkpoint(
-                ckpt_path,
-                {
-                    "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "step": step + 1,
-                },
-            )
+            common.save_training(ckpt_path, model, optimizer, step + 1)
     return export_clip(model, tok, out_dir, checkpoints)

@@ -98,13 +98,7 @@ def train_clip(
     trainable = list(model.parameters())
     optimizer = torch.optim.AdamW(trainable, lr=peak, weight_decay=0.05)
     ckpt_path = checkpoints / name / "ckpt.pt"
-    start = 0
-    state = common.load_checkpoint(ckpt_path) if resume else None
-    if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start = int(state["step"])
-        print(f"[{name}] resumed at step {start}", flush=True)
+    start = common.resume_training(ckpt_path, model, optimizer, name) if resume else 0
     progress = common.Progress(name, steps)
     model.train()
     for step in range(start, steps):
@@ -135,14 +129,7 @@ def train_clip(
         optimizer.step()
         progress.update(step, float(loss.detach()))
         if (step + 1) % checkpoint_every == 0 or step + 1 == steps:
-            common.save_checkpoint(
-                ckpt_path,
-                {
-                    "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "step": step + 1,
-                },
-            )
+            common.save_training(ckpt_path, model, optimizer, step + 1)
     return export_clip(model, tok, out_dir, checkpoints)
 
 

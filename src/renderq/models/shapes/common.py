@@ -63,6 +63,24 @@ def load_checkpoint(path: Path) -> dict[str, Any] | None:
     return state
 
 
+def resume_training(path: Path, model: Any, optimizer: Any, name: str) -> int:
+    """Load model and optimizer state from ``path`` if it exists; the step to continue at."""
+    state = load_checkpoint(path)
+    if state is None:
+        return 0
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    print(f"[{name}] resumed at step {state['step']}", flush=True)
+    return int(state["step"])
+
+
+def save_training(path: Path, model: Any, optimizer: Any, step: int) -> None:
+    """Checkpoint model and optimizer after ``step`` steps (read by :func:`resume_training`)."""
+    save_checkpoint(
+        path, {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+    )
+
+
 def cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:
     """Linear warm-up then cosine decay to a tenth of ``peak``."""
     if step < warmup:
