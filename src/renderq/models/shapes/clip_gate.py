@@ -1,19 +1,21 @@
-"""The gate phase of the tiny CLIP: both towers trained with hard negatives, partly on renders.
+"""The gate phase of the tiny CLIP: both towers trained with hard negatives, then on renders.
 
 The joint phase (``clip_train``) gives mini-SD its text encoder and stays frozen for it. The
-scorer that gates mini-SD's images needs more than that phase teaches: its text tower must
-tell "circle" from "square" (a contrastive batch rarely holds two captions that differ only
+scorer that gates mini-SD's images needs more than that phase teaches: it must tell
+"circle" from "square" (a contrastive batch rarely holds two captions that differ only
 there), and it must judge *generated* images, which are softer than the world's and fail in
 their own ways (a small square drawn as a blob). So this phase continues from the joint CLIP
-with both towers trainable and:
+with both towers trainable, in two parts:
 
-- every image faces hard negatives: its caption with the first shape's kind swapped (twice)
-  and its colour swapped, the parts the QA check (``oracle.matches``) looks at;
-- a share of each batch is images rendered by mini-SD from random grammar prompts (rendered
-  once and cached), each captioned with what the pixel oracle reads in it. When the oracle
-  says a render does not show its prompt's subject, that prompt is one of its negatives, so
-  the scorer learns what a failed render looks like. Prompts and seeds are disjoint from the
-  ones ``evaluate`` measures the gate on.
+1. world images only, every one facing hard negatives: its caption with the first shape's
+   kind swapped (twice) and its colour swapped (twice), the parts the QA check
+   (``oracle.matches``) looks at;
+2. then half of each batch is images rendered by mini-SD from random grammar prompts
+   (rendered once and cached), each captioned with what the pixel oracle reads in it. When
+   the oracle says a render does not show its prompt's subject, that prompt is one of its
+   negatives, so the scorer learns what a failed render looks like. Prompts and seeds are
+   disjoint from the ones ``evaluate`` measures the gate on. (Mixing renders in from the
+   start taught shape more slowly than world images alone.)
 
 The result is exported as the shipped scorer (``weights/clip``); mini-SD keeps the joint
 phase's text tower, so its UNet still sees the encoder it was trained against.
