@@ -210,7 +210,18 @@ def gate_figures(
     truth = np.array([r["ok"] for r in records])
     accept = scores >= threshold
     tp = float((accept & truth).sum())
+    pos, neg = scores[truth], scores[~truth]
+    # Threshold-free: how often a passing image outscores a failing one (ties count half).
+    auc = (
+        float(((pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])).mean())
+        if len(pos) and len(neg)
+        else float("nan")
+    )
+    best = calibrate_threshold(scores, truth)  # in-sample: the best any threshold could do
     return {
+        "gate_auc": auc,
+        "gate_best_agreement": float(((scores >= best) == truth).mean()),
+        "gate_oracle_pass_rate": float(truth.mean()),
         "gate_threshold": threshold,
         "gate_images": float(len(records)),
         "gate_agreement": float((accept == truth).mean()),
@@ -287,7 +298,9 @@ def main(args: argparse.Namespace) -> dict[str, float]:
             f"CLIP gate at threshold {figures['gate_threshold']:.2f} (calibrated on "
             f"{args.calibration_prompts} other prompts), on {len(qa['records'])} images: "
             f"agreement with oracle {figures['gate_agreement']:.1%}, precision "
-            f"{figures['gate_precision']:.1%}, recall {figures['gate_recall']:.1%}",
+            f"{figures['gate_precision']:.1%}, recall {figures['gate_recall']:.1%}; oracle "
+            f"pass rate {figures['gate_oracle_pass_rate']:.1%}, AUC {figures['gate_auc']:.3f}, "
+            f"best threshold in-sample {figures['gate_best_agreement']:.1%}",
             flush=True,
         )
     if "timing" not in skip:
