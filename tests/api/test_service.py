@@ -131,8 +131,13 @@ def test_metrics_parse_and_cover_the_service(server: Server) -> None:
     families = {f.name: f for f in text_string_to_metric_families(text)}
     for name in ("renderq_queue_depth", "renderq_queue_seconds", "renderq_compute_seconds",
                  "renderq_batch_size", "renderq_device_seconds", "renderq_admission_rejections",
-                 "renderq_qa", "renderq_request_seconds", "renderq_ready"):  # fmt: skip
+                 "renderq_qa", "renderq_request_seconds", "renderq_ready",
+                 "renderq_latency_scale", "renderq_renders_per_request"):  # fmt: skip
         assert name in families, name
+    # A batch has come back, so admission runs on a measured scale (positive, finite).
+    [scale] = families["renderq_latency_scale"].samples
+    assert 0 < scale.value < 1e6 and scale.labels["device_class"]
+    assert families["renderq_renders_per_request"].samples[0].value >= 1.0
     dev = {
         s.labels["stage"]: s.value
         for s in families["renderq_device_seconds"].samples

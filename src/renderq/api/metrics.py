@@ -56,6 +56,17 @@ class Metrics:
             registry=r,
         )
         self.ready = Gauge("renderq_ready", "1 once the model is loaded", registry=r)
+        self.latency_scale = Gauge(
+            "renderq_latency_scale",
+            "Observed over predicted render batch time (moving average) that admission applies",
+            ["device_class"],
+            registry=r,
+        )
+        self.renders_per_request = Gauge(
+            "renderq_renders_per_request",
+            "Renders each finished request has needed, as admission prices the queue ahead",
+            registry=r,
+        )
 
     def set_queue_depths(self, depths: Mapping[str, int]) -> None:
         """Replace the per-key queue depth series with ``depths``."""

@@ -453,14 +453,18 @@ class RenderService:
         }
 
     def metrics_text(self) -> bytes:
-        """Prometheus exposition; refreshes the queue depth gauge first."""
+        """Prometheus exposition; refreshes the scheduler's gauges first."""
         if self._engine is not None:
-            self._call(
-                lambda now: self.metrics.set_queue_depths(
-                    {k.label(): n for k, n in self._scheduler().queue_depths().items()}
-                )
-            ).result(timeout=10)
+            self._call(self._refresh_gauges).result(timeout=10)
         return self.metrics.render()
+
+    def _refresh_gauges(self, now: float) -> None:
+        sched = self._scheduler()
+        self.metrics.set_queue_depths({k.label(): n for k, n in sched.queue_depths().items()})
+        if self._executor is not None:
+            dev = self._executor.device_class
+            self.metrics.latency_scale.labels(device_class=dev).set(sched.latency_scale(dev))
+        self.metrics.renders_per_request.set(sched.renders_per_request())
 
     # -- helpers ----------------------------------------------------------------------
 
