@@ -68,10 +68,11 @@ class _Record:
 class _KeyQueue:
     """One key's queue: two FIFOs per priority level, cancelled entries skipped lazily.
 
-    Lanes are keyed ``(priority, lane)``: lane 1 holds requests that already waited once
-    (regenerations, batches lost with their worker) and is served before lane 0, new
-    requests, of the same priority. A retry so waits for one batch, not the whole queue
-    again. Each lane is FIFO by enqueue time, so its head is its oldest entry.
+    FIFOs are keyed ``(priority, again)``: ``again`` 1 holds requests that already waited
+    once (regenerations, batches lost with their worker) and is served before ``again`` 0,
+    new requests, of the same priority. A retry so waits for one batch, not the whole queue
+    again. Each FIFO is ordered by enqueue time, so its head is its oldest entry. (A queue
+    serves one *lane* of a key: the key's requests with the same ``window``, or none.)
     """
 
     levels: dict[tuple[int, int], deque[tuple[float, str]]] = field(default_factory=dict)
