@@ -1,4 +1,4 @@
-"""The real-time engine with fake stages: overlap of render and score, QA loop, retries."""
+"""The real-time engine with fake stages: overlap or turns of render and score, QA, retries."""
 
 from __future__ import annotations
 
@@ -77,23 +77,45 @@ def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
     return a[0] < b[1] and b[0] < a[1]
 
 
-def test_scoring_overlaps_rendering_and_everything_finishes() -> None:
+def _run_16(scorer_device: str, share_device: bool | None = None) -> tuple[Any, Any, Recorder]:
     ex = SlowExecutor(0.05)
-    sc = SlowScorer(0.04)
+    sc = SlowScorer(0.04, device_class=scorer_device)
     rec = Recorder()
     sched = Scheduler(Window(batch_size=4), qa=QAPolicy(threshold=0.5, max_attempts=2))
-    engine = RealtimeEngine(sched, {"cpu": ex}, sc, rec)
+    engine = RealtimeEngine(sched, {"cpu": ex}, sc, rec, share_device=share_device)
     for r in _requests(16):
         engine.submit(r)
     engine.run()
     assert len(rec.events(Accepted)) == 16
     assert [b.size for b in rec.batches] == [4, 4, 4, 4]
-    # The scorer worked on an earlier batch while a later one rendered.
-    assert any(_overlap(s, (r0, r1)) for s in sc.spans for r0, r1, _ in ex.spans)
     renders = sum(st.batch.size for st in rec.steps if st.kind == "render" and st.batch)
     assert renders == 16
     booked = {stage for st in rec.steps for stage, _, _ in st.ledger}
     assert booked == {"render", "score"}
+    return ex, sc, rec
+
+
+def test_a_scorer_on_its_own_device_overlaps_rendering() -> None:
+    ex, sc, _ = _run_16("gpu:1")
+    # The scorer worked on an earlier batch while a later one rendered.
+    assert any(_overlap(s, (r0, r1)) for s in sc.spans for r0, r1, _ in ex.spans)
+
+
+def test_a_shared_device_runs_one_stage_at_a_time_scoring_first() -> None:
+    ex, sc, rec = _run_16("cpu")
+    spans = [(a, b) for a, b, _ in ex.spans]
+    assert not any(_overlap(s, r) for s in sc.spans for r in spans)
+    # Each batch's images were scored before the next batch started rendering.
+    assert len(sc.spans) == 4
+    for (_, scored_end), (next_start, _) in zip(sc.spans, spans[1:], strict=False):
+        assert scored_end <= next_start
+    kinds = [st.kind for st in rec.steps]
+    assert kinds == ["render", "score"] * 4
+
+
+def test_sharing_can_be_turned_off() -> None:
+    ex, sc, _ = _run_16("cpu", share_device=False)
+    assert any(_overlap(s, (r0, r1)) for s in sc.spans for r0, r1, _ in ex.spans)
 
 
 def test_failed_scores_regenerate_through_the_same_queue() -> None:

@@ -91,6 +91,7 @@ class RealBench:
     max_attempts: int = 3
     qa: bool = True
     score_batch_size: int = 32
+    share_device: bool | None = None
     last: Recording | None = None
 
     def backend(self) -> Backend:
@@ -134,6 +135,7 @@ class RealBench:
             self.scorer if self.qa else _Unscored(),
             recorder,
             score_batch_size=self.score_batch_size,
+            share_device=self.share_device,
         )
         recorder.engine = engine
 

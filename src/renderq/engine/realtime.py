@@ -3,8 +3,16 @@
 One step reads like the simulator's: now -> schedule -> run -> score -> decide -> commit
 -> feed results back -> sleep until ``next_wakeup`` or the next result. Rendering and
 scoring are separate stages on separate worker threads (one render worker per device
-class, one scorer worker), so the scorer works on batch N while batch N+1 renders;
-torch releases the GIL inside its kernels, so the stages really overlap.
+class, one scorer worker), so on its own device the scorer works on batch N while batch
+N+1 renders; torch releases the GIL inside its kernels, so the stages really overlap.
+
+When the scorer runs on a device class that also renders (a CPU-only machine, or one GPU
+for both stages), the two stages take turns on it instead: a device runs one job at a
+time, and scoring goes first when it is free (scores finish requests; a render batch that
+waits for them waits only the few hundred milliseconds a score batch takes). Run side by
+side, the stages would each slow the other by more than the work they save (two thread
+pools on the same cores, two kernel streams on the same GPU) and every device-second
+would be booked twice.
 
 The engine never decides anything about batching (the scheduler does) and never writes
 anything (its ``Listener`` does): every render or score batch that comes back is fed to
@@ -88,9 +96,15 @@ class RealtimeEngine:
         *,
         score_batch_size: int = 32,
         score_retries: int = 2,
+        share_device: bool | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``executors`` maps each device class to the executor of its one worker."""
+        """``executors`` maps each device class to the executor of its one worker.
+
+        ``share_device``: whether scoring and rendering take turns on the scorer's device
+        class; by default they do exactly when a render executor has that device class.
+        ``False`` lets them overlap (for measuring what taking turns saves).
+        """
         if not executors:
             raise ConfigError("the engine needs at least one executor")
         if score_batch_size < 1:
@@ -113,6 +127,8 @@ class RealtimeEngine:
         self._score_q: queue.Queue[_ScoreJob | None] = queue.Queue()
         self._free = dict.fromkeys(self.executors, 1)
         self._scorer_busy = False
+        shares = scorer.device_class in self.executors
+        self._shared = scorer.device_class if (shares and share_device is not False) else None
         self._to_score: deque[tuple[Request, Any]] = deque()
         self._retry: deque[_ScoreJob] = deque()
         self._stop = threading.Event()
@@ -191,13 +207,20 @@ class RealtimeEngine:
         )
 
     def _dispatch(self) -> None:
-        now = self.now()
-        for batch in self.scheduler.schedule(now, self._free):
+        self._dispatch_score()
+        free = dict(self._free)
+        if self._shared is not None and self._scorer_busy:
+            free[self._shared] = 0  # the scorer holds the device; renders wait their turn
+        for batch in self.scheduler.schedule(self.now(), free):
             self._free[batch.key.device_class] -= 1
             self.listener.started(batch)
             self._render_q[batch.key.device_class].put(batch)
+
+    def _dispatch_score(self) -> None:
         if self._scorer_busy:
             return
+        if self._shared is not None and self._free[self._shared] < 1:
+            return  # a render batch holds the shared device; scoring goes when it returns
         if self._retry:
             job = self._retry.popleft()
         elif self._to_score:
