@@ -1,14 +1,14 @@
-"""How much the scorer slows render batches inside the real-time engine, on one machine.
+"""Render batches inside the running engine against the same batches run directly.
 
-Runs the same offline window-mode scenario through the real engine twice per repeat,
-alternating: once with the real CLIP scorer, once with a scorer that answers at once
-(every image passes). It prints, per run, each full batch's render time as a ratio of
-the shipped ``mini-sd-cpu`` profile's latency for that size, and the mean. Render
-device-seconds are measured inside the executor, so the ratio isolates how much the
-scorer's work elsewhere in the process slows rendering; the profile is only a common
-yardstick (its absolute level moves with the machine).
+In one process, alternating: full batches of the embedded mini-SD run directly through
+the executor (no engine, no scorer), then an offline window-mode run through the real
+engine with a scorer that answers at once (every image passes), then one with the real
+CLIP scorer. It prints each full batch's render time, the median per variant, and each
+median as a ratio of the direct one: 1.0 means the engine and the QA loop cost render
+batches nothing. Alternating cancels the machine's slow drift; the medians absorb its
+batch-to-batch jitter.
 
-Run: ``python bench/scorer_interference.py [--repeats 2] [--requests 48]``.
+Run: ``python bench/engine_batches.py [--repeats 3] [--requests 48] [--batch 16]``.
 """
 
 from __future__ import annotations
@@ -16,15 +16,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
+from itertools import count
 from typing import Any
 
 from renderq.bench.harness import Scenario
+from renderq.bench.real import RealBench
 from renderq.bench.realrun import RealSettings, load_bench
 from renderq.core.cost import Profile
 from renderq.core.policies import Window, Windows
-from renderq.core.types import ScoreResult
+from renderq.core.types import Batch, ScoreResult
 
 
 class InstantScorer:
@@ -37,33 +39,59 @@ class InstantScorer:
         return ScoreResult(tuple(1.0 for _ in images), 0.0, self.device_class)
 
 
+def direct(bench: RealBench, batch: int, n_batches: int, seeds: count[int]) -> list[float]:
+    """Render-seconds of ``n_batches`` full batches run straight through the executor."""
+    out = []
+    for _ in range(n_batches):
+        reqs = tuple(bench.request(next(seeds), 0.0) for _ in range(batch))
+        out.append(bench.executor.run(Batch(0, bench.key, reqs, 0.0, batch)).device_seconds)
+    return out
+
+
+def in_engine(bench: RealBench, scorer: Any, batch: int, requests: int) -> list[float]:
+    """Render-seconds of the full batches of one offline window run through the engine."""
+    bench.scorer = scorer
+    bench.run(Window(Windows(), batch), Scenario("offline", requests))
+    assert bench.last is not None
+    return [s for n, s in bench.last.batches if n == batch]
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=2)
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--requests", type=int, default=48)
     ap.add_argument("--batch", type=int, default=16)
     args = ap.parse_args()
     text = resources.files("renderq").joinpath("profiles/mini-sd-cpu.json").read_text()
     profile = Profile.from_dict(json.loads(text))
-    # A threshold every image clears: both runs render exactly the same batches.
+    # A threshold every image clears: every variant renders the same full batches.
     bench, _ = load_bench(
         RealSettings("embedded:mini-sd", "embedded:clip", threshold=-2.0), profile
     )
-    scorers = {"clip": bench.scorer, "instant": InstantScorer(bench.scorer.device_class)}
-    means: dict[str, list[float]] = {name: [] for name in scorers}
+    clip = bench.scorer
+    seeds = count(10_000)
+    full = args.requests // args.batch
+    variants: dict[str, Callable[[], list[float]]] = {
+        "direct": lambda: direct(bench, args.batch, full, seeds),
+        "instant": lambda: in_engine(
+            bench, InstantScorer(clip.device_class), args.batch, args.requests
+        ),
+        "clip": lambda: in_engine(bench, clip, args.batch, args.requests),
+    }
+    variants["direct"]()  # warm-up: the first batches of a process run slower
+    times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(args.repeats):
-        for name, scorer in scorers.items():
-            bench.scorer = scorer
-            bench.run(Window(Windows(), args.batch), Scenario("offline", args.requests))
-            assert bench.last is not None
-            ratios = [
-                s / profile.render.latency(n) for n, s in bench.last.batches if n == args.batch
-            ]
-            means[name].append(statistics.fmean(ratios))
-            shown = ", ".join(f"{r:.3f}" for r in ratios)
-            print(f"{name:8s} full batches / profile: mean {means[name][-1]:.3f} ({shown})")
-    clip, instant = statistics.fmean(means["clip"]), statistics.fmean(means["instant"])
-    print(f"mean over runs: clip {clip:.3f}, instant {instant:.3f}, ratio {clip / instant:.3f}")
+        for name, run in variants.items():
+            got = run()
+            times[name] += got
+            print(
+                f"{name:8s} batch of {args.batch}: " + ", ".join(f"{t:.3f}" for t in got),
+                flush=True,
+            )
+    base = statistics.median(times["direct"])
+    for name, got in times.items():
+        med = statistics.median(got)
+        print(f"median {name:8s} {med:.3f} s ({len(got)} batches), {med / base:.3f} of direct")
 
 
 if __name__ == "__main__":

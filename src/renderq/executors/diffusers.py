@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from renderq.core.errors import ConfigError
 from renderq.core.types import Batch, BatchResult, ItemResult, Request
+from renderq.executors.device import on_device
 
 PRECISIONS: dict[str, str] = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 """Precision names accepted on the command line and the torch dtype each one means."""
@@ -123,9 +124,11 @@ T = TypeVar("T")
 class DeviceTimer:
     """Times work on a device: wall-clock seconds, synchronised on CUDA before reading.
 
-    On CUDA each timer owns a stream, so a render worker and a scorer worker (each with
-    its own timer) queue their kernels on separate streams and each synchronises only
-    its own work before reading the clock: neither books the other's kernels.
+    On a CPU device the work runs (and is timed) on the device's own thread
+    (:mod:`renderq.executors.device`). On CUDA each timer owns a stream, so a render
+    worker and a scorer worker (each with its own timer) queue their kernels on separate
+    streams and each synchronises only its own work before reading the clock: neither
+    books the other's kernels.
     """
 
     device: str
@@ -135,9 +138,13 @@ class DeviceTimer:
     def measure(self, fn: Callable[[], T]) -> tuple[T, float]:
         """Run ``fn`` and return its result with the seconds it took on the device."""
         if not self.device.startswith("cuda"):
-            start = self.clock()
-            out = fn()
-            return out, self.clock() - start
+
+            def timed() -> tuple[T, float]:
+                start = self.clock()
+                out = fn()
+                return out, self.clock() - start
+
+            return on_device(self.device, timed)
         torch = import_torch()
         if self._stream is None:
             self._stream = torch.cuda.Stream(device=self.device)
@@ -191,7 +198,7 @@ class DiffusersExecutor:
         cls, model: str, *, device: str = "cpu", precision: str = "fp32", name: str | None = None
     ) -> DiffusersExecutor:
         """Load ``model`` (folder or hub id) and wrap it; ``name`` is the model's label."""
-        pipe = load_pipeline(model, device=device, precision=precision)
+        pipe = on_device(device, lambda: load_pipeline(model, device=device, precision=precision))
         return cls(pipe, name or model, device=device, precision=precision)
 
     # -- what the model can do ------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any
 
 from renderq.core.errors import ConfigError
 from renderq.core.types import ScoreResult
+from renderq.executors.device import on_device
 from renderq.executors.diffusers import DeviceTimer, check_device, import_torch, looks_local
 
 _INSTALL = "the CLIP scorer needs torch and transformers: pip install 'renderq[diffusers]'"
@@ -63,7 +64,7 @@ class ClipScorer:
         cls, model: str, *, device: str = "cpu", scale100: bool = False, name: str | None = None
     ) -> ClipScorer:
         """Load a CLIP checkpoint; ``name`` labels it in metadata and calibration files."""
-        clip, processor = load_clip(model, device=device)
+        clip, processor = on_device(device, lambda: load_clip(model, device=device))
         return cls(clip, processor, name or model, device=device, scale100=scale100)
 
     def score(self, images: Sequence[Any], prompts: Sequence[str]) -> ScoreResult:
