@@ -140,3 +140,21 @@ def test_unpack_restores_the_text_tower_mini_sd_was_trained_against(tmp_path: An
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
     assert (export / "vae" / "config.json").exists()
+
+
+def test_training_renders_extend_their_cache_to_what_one_call_would_give(tmp_path: Any) -> None:
+    from renderq.models.shapes.clip_gate import render_training_set
+
+    path = shapes.default_pipeline_path()
+    grown = tmp_path / "grown.pt"
+    first = render_training_set(path, 2, grown, batch=2)
+    assert first["rendered"] == 2
+    extended = render_training_set(path, 3, grown, batch=2)
+    at_once = render_training_set(path, 3, tmp_path / "once.pt", batch=3)
+    assert extended["rendered"] == at_once["rendered"] == 3
+    for key in ("prompts", "captions", "matched"):
+        assert extended[key] == at_once[key]
+        assert extended[key][: len(first[key])] == first[key]
+    assert np.abs(extended["images"].astype(int) - at_once["images"].astype(int)).max() <= 1
+    # A cache that already holds enough renders is returned as it is.
+    assert render_training_set(path, 2, grown)["rendered"] == 3

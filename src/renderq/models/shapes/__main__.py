@@ -75,10 +75,12 @@ def _train_gate(args: argparse.Namespace, checkpoints: Path) -> None:
         checkpoints / "export" / "clip-gate",
         renders,
         init_from=Path(args.init_from) if args.init_from else None,
-        steps=args.steps or GATE_STEPS,
+        steps=GATE_STEPS if args.steps is None else args.steps,
         render_steps=RENDER_STEPS if args.render_steps is None else args.render_steps,
         rendered_share=args.rendered_share,
         resume=not args.fresh,
+        **({} if args.lr is None else {"lr": args.lr}),
+        **({} if args.render_lr is None else {"render_lr": args.render_lr}),
     )
 
 
@@ -109,7 +111,12 @@ def main(argv: list[str] | None = None) -> None:
         "--stage", choices=["clip", "vae", "unet", "clip-gate", "all"], default="all"
     )
     train.add_argument("--checkpoints", default=str(common.DEFAULT_CHECKPOINTS))
-    train.add_argument("--steps", type=int, default=None, help="total steps of the stage")
+    train.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="total steps of the stage (clip-gate: of its first part)",
+    )
     train.add_argument("--fresh", action="store_true", help="ignore existing checkpoints")
     train.add_argument("--resume", action="store_true", help="resume (the default)")
     train.add_argument("--threads", type=int, default=2)
@@ -122,7 +129,12 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument(
         "--render-steps", type=int, default=None, help="steps with renders (clip-gate)"
     )
-    train.add_argument("--lr", type=float, default=None, help="peak learning rate (unet)")
+    train.add_argument(
+        "--lr", type=float, default=None, help="peak learning rate (unet; clip-gate part 1)"
+    )
+    train.add_argument(
+        "--render-lr", type=float, default=None, help="peak learning rate (clip-gate part 2)"
+    )
     train.add_argument("--warmup", type=int, default=None, help="warm-up steps (unet)")
     train.set_defaults(func=_train)
     build = sub.add_parser("build", help="assemble the shipped weight folders")

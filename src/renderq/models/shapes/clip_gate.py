@@ -100,34 +100,39 @@ def negatives_for(scene: world.Scene, rng: random.Random, extra: list[str]) -> l
 
 
 def render_training_set(pipeline_dir: Path, n: int, cache: Path, batch: int = 16) -> dict[str, Any]:
-    """Render ``n`` random prompts with mini-SD once; keep images, prompts and oracle captions.
+    """Render the first ``n`` training prompts with mini-SD; keep images, prompts, captions.
 
     Renders whose reading holds no shape are dropped (they have no caption to be positive
-    for). Cached at ``cache``; a second call returns the cache.
+    for). Cached at ``cache``: a later call with the same ``n`` returns the cache, one with a
+    larger ``n`` renders only the prompts the cache lacks (the prompt list and the seeds are
+    fixed, so the result is the same as rendering all ``n`` at once).
     """
     import torch
     from diffusers import StableDiffusionPipeline
 
     from renderq.models.shapes.build import DEFAULT_GUIDANCE, DEFAULT_STEPS
 
-    cached = common.load_checkpoint(cache)
-    if cached is not None:
-        return cached
+    empty: dict[str, Any] = {"images": [], "prompts": [], "captions": [], "matched": []}
+    data = common.load_checkpoint(cache) or {**empty, "rendered": 0}
+    done = int(data.get("rendered", len(data["prompts"])))
+    if done >= n:
+        return data
     pipe = StableDiffusionPipeline.from_pretrained(pipeline_dir)
     pipe.set_progress_bar_config(disable=True)
     rng = random.Random(RENDER_PROMPT_SEED)
     prompts = [world.random_caption(rng) for _ in range(n)]
-    images, kept, captions, matched = [], [], [], []
-    for i in range(0, n, batch):
-        gens = [torch.Generator().manual_seed(RENDER_SEED_BASE + j) for j in range(i, i + batch)]
+    images, kept, captions, matched = (list(data[k]) for k in empty)
+    for i in range(done, n, batch):
+        chunk = prompts[i : i + batch]
+        gens = [torch.Generator().manual_seed(RENDER_SEED_BASE + i + j) for j in range(len(chunk))]
         out = pipe(
-            prompts[i : i + batch],
-            generator=gens[: len(prompts[i : i + batch])],
+            chunk,
+            generator=gens,
             num_inference_steps=DEFAULT_STEPS,
             guidance_scale=DEFAULT_GUIDANCE,
             output_type="np",
         ).images
-        for prompt, array in zip(prompts[i : i + batch], out, strict=True):
+        for prompt, array in zip(chunk, out, strict=True):
             image = np.asarray((array * 255).round().clip(0, 255), dtype=np.uint8)
             verdict = oracle.check(image, prompt)
             if not verdict.reading.shapes:
@@ -139,7 +144,13 @@ def render_training_set(pipeline_dir: Path, n: int, cache: Path, batch: int = 16
             captions.append(scene.caption())
             matched.append(verdict.subject_ok)
         print(f"[clip-gate] rendered {min(n, i + batch)}/{n}", flush=True)
-    data = {"images": np.stack(images), "prompts": kept, "captions": captions, "matched": matched}
+    data = {
+        "images": np.stack(images),
+        "prompts": kept,
+        "captions": captions,
+        "matched": matched,
+        "rendered": n,
+    }
     common.save_checkpoint(cache, data)
     print(f"[clip-gate] kept {len(kept)} renders, oracle match {np.mean(matched):.1%}", flush=True)
     return data

@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--clip-images", type=int, default=1000)
     parser.add_argument("--prompts", type=int, default=500)
-    parser.add_argument("--calibration-prompts", type=int, default=100)
+    parser.add_argument("--calibration-prompts", type=int, default=500)
     parser.add_argument("--batch-size", type=int, default=16, help="batch for the QA runs")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     parser.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE)
