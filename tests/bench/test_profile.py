@@ -22,7 +22,7 @@ def test_doubling_sizes() -> None:
         doubling_sizes(0)
 
 
-def test_measure_takes_medians_and_stops_at_out_of_memory() -> None:
+def test_measure_takes_medians_of_rounds_and_stops_at_out_of_memory() -> None:
     calls: list[int] = []
     fake = {1: [1.0, 3.0, 2.0, 9.0], 2: [2.0, 2.5, 3.0, 2.0]}
 
@@ -36,9 +36,28 @@ def test_measure_takes_medians_and_stops_at_out_of_memory() -> None:
         run, [1, 2, 4, 8], repeats=3, warmup=1, is_oom=lambda e: isinstance(e, MemoryError)
     )
     assert [(p.batch_size, p.seconds) for p in pts] == [(1, 3.0), (2, 2.5)]
-    assert calls == [1, 1, 1, 1, 2, 2, 2, 2, 4]
+    # One warm-up round over every size (4 runs out of memory there), then 3 timed rounds.
+    assert calls == [1, 2, 4, 1, 2, 1, 2, 1, 2]
     with pytest.raises(MemoryError):  # out of memory at the very first size is an error
         measure(run, [4], is_oom=lambda e: True)
+
+
+def test_measure_runs_sizes_in_rounds_and_keeps_each_sizes_largest_peak() -> None:
+    calls: list[int] = []
+    peak = [0.0]
+
+    def run(n: int) -> float:
+        calls.append(n)
+        peak[0] = 10.0 * n + len(calls)  # grows run by run
+        return float(n)
+
+    pts = measure(run, [1, 2, 4], repeats=2, warmup=2, peak_memory=lambda: peak[0])
+    assert calls == [1, 2, 4] * 4
+    assert [p.repeats for p in pts] == [(1.0, 1.0), (2.0, 2.0), (4.0, 4.0)]
+    # The last round's readings are the largest: 10 n + its position in the calls.
+    assert [p.peak_bytes for p in pts] == [20.0, 31.0, 52.0]
+    with pytest.raises(ConfigError, match="-1"):
+        measure(run, [1], warmup=-1)
 
 
 def test_fit_memory_recovers_a_linear_model() -> None:

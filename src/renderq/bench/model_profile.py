@@ -41,7 +41,7 @@ class ProfileSettings:
     guidance: float = 7.5
     max_batch: int = 16
     repeats: int = 3
-    warmup: int = 1
+    warmup: int = 2
 
 
 def _peak_probe(device: str) -> tuple[Callable[[], float | None], Callable[[], None]]:

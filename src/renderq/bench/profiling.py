@@ -1,10 +1,11 @@
 """Measure a model's batch latency and peak memory per batch size; write a profile file.
 
 The measurement is generic: it times a ``run(n) -> device_seconds`` callable at batch
-sizes 1, 2, 4, ... (after warm-up, median of repeats) and reads a peak-memory probe after
-each size. ``renderq profile`` plugs in the diffusers executor and the CLIP scorer, so the
-profile times exactly what ``renderq run`` executes. The result is a document in the
-schema ``renderq.core.cost.Profile.from_dict`` reads, with ``source.kind = measured``.
+sizes 1, 2, 4, ... (in rounds over every size: warm-up rounds, then the median of timed
+rounds) and reads a peak-memory probe after each run. ``renderq profile`` plugs in the
+diffusers executor and the CLIP scorer, so the profile times exactly what ``renderq run``
+executes. The result is a document in the schema ``renderq.core.cost.Profile.from_dict``
+reads, with ``source.kind = measured``.
 """
 
 from __future__ import annotations
@@ -53,21 +54,38 @@ def measure(
     peak_memory: Callable[[], float | None] = lambda: None,
     is_oom: Callable[[BaseException], bool] = lambda exc: False,
 ) -> list[Point]:
-    """Time ``run`` at each size (stopping at the first size that runs out of memory)."""
+    """Time ``run`` at each size in rounds; the median of the timed rounds per size.
+
+    Every round runs each size once (1, 2, 4, ..., then 1, 2, 4, ... again): ``warmup``
+    untimed rounds, then ``repeats`` timed ones. Rounds rather than one size at a time,
+    because a process speeds up over its first batches (allocator, caches) and a machine
+    drifts: in rounds, both weigh on every size alike instead of on the first sizes
+    measured. A size that runs out of memory ends the measurement there (it and larger
+    sizes are dropped); at the smallest size that is an error. The peak-memory probe is
+    read after every run, and each size keeps its largest reading.
+    """
     if repeats < 1:
         raise ConfigError(f"repeats must be >= 1, got {repeats}")
-    points: list[Point] = []
-    for n in sizes:
-        try:
-            for _ in range(warmup):
-                run(n)
-            times = tuple(run(n) for _ in range(repeats))
-        except Exception as exc:
-            if is_oom(exc) and points:
-                break
-            raise
-        points.append(Point(n, statistics.median(times), times, peak_memory()))
-    return points
+    if warmup < 0:
+        raise ConfigError(f"warm-up rounds must be >= 0, got {warmup}")
+    live = list(sizes)
+    times: dict[int, list[float]] = {n: [] for n in live}
+    peaks: dict[int, float] = {}
+    for round_ in range(warmup + repeats):
+        for n in list(live):
+            try:
+                seconds = run(n)
+            except Exception as exc:
+                if is_oom(exc) and n != live[0]:
+                    live = [m for m in live if m < n]
+                    break
+                raise
+            if round_ >= warmup:
+                times[n].append(seconds)
+            peak = peak_memory()
+            if peak is not None:
+                peaks[n] = max(peaks.get(n, peak), peak)
+    return [Point(n, statistics.median(times[n]), tuple(times[n]), peaks.get(n)) for n in live]
 
 
 def fit_memory(points: Sequence[Point]) -> tuple[float, float] | None:

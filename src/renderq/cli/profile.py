@@ -35,7 +35,8 @@ def profile_command(
     steps: Annotated[int, typer.Option(help="Denoising steps.")] = 20,
     resolution: Annotated[str | None, typer.Option(help="WxH; default: the model's.")] = None,
     max_batch: Annotated[int, typer.Option(help="Largest batch size to try.")] = 16,
-    repeats: Annotated[int, typer.Option(help="Timed repeats per size (median).")] = 3,
+    repeats: Annotated[int, typer.Option(help="Timed rounds over every size (median).")] = 3,
+    warmup: Annotated[int, typer.Option(help="Untimed rounds over every size first.")] = 2,
     name: Annotated[str | None, typer.Option(help="Profile name.")] = None,
     out: Annotated[Path | None, typer.Option(help="Write the profile JSON here.")] = None,
 ) -> None:
@@ -46,6 +47,7 @@ def profile_command(
         settings = ProfileSettings(
             model=model, scorer=scorer, device=device, precision=precision, steps=steps,
             resolution=_resolution(resolution), max_batch=max_batch, repeats=repeats,
+            warmup=warmup,
         )  # fmt: skip
         doc = profile_model(settings, name)
         prof = Profile.from_dict(doc)
