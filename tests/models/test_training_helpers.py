@@ -85,3 +85,16 @@ def test_training_state_round_trips(tmp_path: Path) -> None:
     assert common.resume_training(path, fresh, fresh_opt, "t") == 7
     assert torch.equal(fresh.weight, model.weight)
     assert fresh_opt.state_dict()["state"].keys() == optimizer.state_dict()["state"].keys()
+
+
+def test_the_shipped_gate_threshold_is_the_calibrated_one() -> None:
+    import json
+
+    from renderq.engine.models import DEFAULT_SCORER, scorer_default_threshold
+    from renderq.models import shapes
+
+    figures = json.loads((common.WEIGHTS_DIR / "figures.json").read_text())
+    assert round(figures["gate_threshold"] / 100, 4) == shapes.DEFAULT_THRESHOLD
+    assert scorer_default_threshold(DEFAULT_SCORER) == shapes.DEFAULT_THRESHOLD
+    assert scorer_default_threshold(DEFAULT_SCORER, scale100=True) == 100 * shapes.DEFAULT_THRESHOLD
+    assert scorer_default_threshold("some/other-clip") is None

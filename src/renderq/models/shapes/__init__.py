@@ -19,9 +19,17 @@ from typing import Any
 from renderq.models.shapes.build import DEFAULT_GUIDANCE, DEFAULT_STEPS
 from renderq.models.shapes.common import WEIGHTS_DIR
 
+DEFAULT_THRESHOLD = 0.7146
+"""The shipped scorer's gate, a cosine: ``gate_threshold / 100`` of ``weights/figures.json``.
+
+``python -m renderq.models.shapes evaluate`` calibrates it for agreement with the pixel
+oracle on 500 mini-SD renders; renderq's commands use it as the embedded scorer's default.
+"""
+
 __all__ = [
     "DEFAULT_GUIDANCE",
     "DEFAULT_STEPS",
+    "DEFAULT_THRESHOLD",
     "default_clip_path",
     "default_pipeline_path",
     "load_default_clip",
