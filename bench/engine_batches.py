@@ -26,7 +26,7 @@ from renderq.bench.real import RealBench
 from renderq.bench.realrun import RealSettings, load_bench
 from renderq.core.cost import Profile
 from renderq.core.policies import Window, Windows
-from renderq.core.types import Batch, ScoreResult
+from renderq.core.types import ScoreResult
 
 
 class InstantScorer:
@@ -37,15 +37,6 @@ class InstantScorer:
 
     def score(self, images: Sequence[Any], prompts: Sequence[str]) -> ScoreResult:
         return ScoreResult(tuple(1.0 for _ in images), 0.0, self.device_class)
-
-
-def direct(bench: RealBench, batch: int, n_batches: int, seeds: count[int]) -> list[float]:
-    """Render-seconds of ``n_batches`` full batches run straight through the executor."""
-    out = []
-    for _ in range(n_batches):
-        reqs = tuple(bench.request(next(seeds), 0.0) for _ in range(batch))
-        out.append(bench.executor.run(Batch(0, bench.key, reqs, 0.0, batch)).device_seconds)
-    return out
 
 
 def in_engine(bench: RealBench, scorer: Any, batch: int, requests: int) -> list[float]:
@@ -69,10 +60,10 @@ def main() -> None:
         RealSettings("embedded:mini-sd", "embedded:clip", threshold=-2.0), profile
     )
     clip = bench.scorer
-    seeds = count(10_000)
+    firsts = count(10_000, 1_000)
     full = args.requests // args.batch
     variants: dict[str, Callable[[], list[float]]] = {
-        "direct": lambda: direct(bench, args.batch, full, seeds),
+        "direct": lambda: bench.direct_batches(args.batch, full, next(firsts)),
         "instant": lambda: in_engine(
             bench, InstantScorer(clip.device_class), args.batch, args.requests
         ),

@@ -38,9 +38,15 @@ def test_real_offline_bench_and_its_simulator_replay(
     assert modes["adhoc"]["mean_batch_size"] == 1.0 and modes["window"]["mean_batch_size"] > 1
     for m in modes.values():
         assert m["accepted"] + m["escalated"] == 12 and m["efficiency"] > 0
+        # The limit's batch size re-timed around the mode, and the mode against it.
+        assert m["reference_images_per_second"] > 0
+        ratio = m["efficiency_against_reference"] / m["efficiency"]
+        limit = report["limit"]["images_per_second"]
+        assert ratio == pytest.approx(limit / m["reference_images_per_second"])
     for row in report["compare_sim"]:
         # Same arrivals and replayed QA outcomes: the simulator renders exactly as much.
         assert row["renders"]["real"] == row["renders"]["sim"]
         assert row["device_seconds"]["rel_error"] is not None
         assert row["p99_s"]["real"] > 0 and row["p99_s"]["sim"] > 0
-    assert "Simulator against the real run" in (tmp_path / "bench.md").read_text()
+    table = (tmp_path / "bench.md").read_text()
+    assert "Simulator against the real run" in table and "Against the reference" in table

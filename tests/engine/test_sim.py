@@ -103,3 +103,15 @@ def test_arrival_processes_and_traces(tmp_path) -> None:  # type: ignore[no-unty
         arrivals("poisson:-1", 3, rng)
     with pytest.raises(ConfigError, match="weird"):
         arrivals("weird", 3, rng)
+
+
+def test_a_shared_device_serialises_scoring_with_rendering() -> None:
+    overlap = run(Window(), 640, failure_rate=0.0)
+    shared = run(Window(), 640, failure_rate=0.0, share_device=True)
+    led = shared.ledger.seconds
+    # Same batches and the same device-seconds either way...
+    assert shared.batch_sizes == overlap.batch_sizes
+    assert led == pytest.approx(overlap.ledger.seconds)
+    # ...but taking turns, the run lasts every render plus every score, back to back.
+    assert shared.makespan_s == pytest.approx(led["render"] + led["score"])
+    assert overlap.makespan_s < shared.makespan_s - 0.5 * led["score"]

@@ -82,7 +82,10 @@ def replay(
     qa: bool,
     score_batch_size: int,
 ) -> SimResult:
-    """Simulate a recorded run: same arrivals, same QA outcomes, calibrated costs."""
+    """Simulate a recorded run: same arrivals, same QA outcomes, calibrated costs.
+
+    Scoring and rendering take turns in the simulation exactly when they did in the run.
+    """
     cfg = SimConfig(
         profile,
         rec.arrivals(),
@@ -91,5 +94,6 @@ def replay(
         qa=qa,
         outcomes=rec.outcomes,
         score_batch_size=score_batch_size,
+        share_device=rec.shared_device,
     )
     return simulate(policy, cfg)

@@ -11,6 +11,11 @@ profile, ``max_n n / latency(n)`` images per device-second. A mode's **efficienc
 render throughput per device-second (every attempt counts, regenerations too) divided by
 that limit: 1.0 means every batch ran at the best size. Its **utilisation** is render
 device-seconds over the makespan times the workers: how busy the device was kept.
+
+A real run also re-times the limit's batch size straight through the executor just before
+and just after each mode (the **reference**), and reports the mode's efficiency against
+that as well: a machine whose speed drifts between the profile and the run (a shared or
+throttled one) moves the profile's limit, not the reference taken around the run.
 """
 
 from __future__ import annotations
@@ -126,6 +131,16 @@ class ModeRun:
     efficiency: float | None
     utilisation: float | None
     meets_p99: bool | None
+    reference: float | None = None
+    """Real runs: images per device-second of the limit's batch size, timed around the run."""
+
+    @property
+    def efficiency_reference(self) -> float | None:
+        """Render throughput per device-second over the reference's (None without one)."""
+        if self.reference is None or self.efficiency is None or self.reference <= 0:
+            return None
+        render_s = _render_seconds(self.result)
+        return self.result.renders / render_s / self.reference
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, the simulator's fields plus efficiency, utilisation and the bound."""
@@ -136,6 +151,8 @@ class ModeRun:
             efficiency=self.efficiency,
             utilisation=self.utilisation,
             meets_p99_bound=self.meets_p99,
+            reference_images_per_second=self.reference,
+            efficiency_against_reference=self.efficiency_reference,
             throughput_accepted_per_s=(
                 self.result.accepted / self.result.makespan_s if self.result.makespan_s else None
             ),

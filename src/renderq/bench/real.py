@@ -8,6 +8,7 @@ fails exactly the attempts that failed for real).
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from collections.abc import Sequence
@@ -42,6 +43,8 @@ class Recording:
     rerenders: int = 0
     accepted: int = 0
     escalated: int = 0
+    shared_device: bool = False
+    """Scoring and rendering took turns on one device class."""
 
     def arrivals(self) -> tuple[Arrival, ...]:
         """The submit times as a trace, in request-id order (ids are ``r0000000``...)."""
@@ -110,6 +113,23 @@ class RealBench:
             qa=self.qa,
         )
 
+    def direct_batches(self, size: int, batches: int, first: int = 1_000_000) -> list[float]:
+        """Render-seconds of ``batches`` batches of ``size`` run straight through the executor.
+
+        The requests are the scenario's (prompts and seeds from request ``first`` on), with
+        no engine, scheduler or scorer around them: the best a batch of that size can do.
+        """
+        out = []
+        for b in range(batches):
+            start = first + b * size
+            reqs = tuple(self.request(i, 0.0) for i in range(start, start + size))
+            out.append(self.executor.run(Batch(0, self.key, reqs, 0.0, size)).device_seconds)
+        return out
+
+    def reference(self, size: int, batches: int = 2) -> float:
+        """Images per device-second of batches of ``size`` run directly (their median)."""
+        return size / statistics.median(self.direct_batches(size, batches))
+
     def run(self, policy: Policy, scenario: Scenario) -> SimResult:
         """One mode over one scenario, for real."""
         rec = Recording()
@@ -138,6 +158,7 @@ class RealBench:
             share_device=self.share_device,
         )
         recorder.engine = engine
+        rec.shared_device = self.qa and engine.shares_device
 
         def submit(i: int, now: float) -> None:
             rec.submitted[f"r{i:07d}"] = now

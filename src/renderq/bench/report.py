@@ -37,6 +37,19 @@ def markdown(runs: Sequence[ModeRun], limit: Limit, title: str) -> str:
             f"{met} | {r.result.mean_batch_size:.1f} | {r.result.accepted} | "
             f"{r.result.escalated} |"
         )
+    refs = [r for r in runs if r.reference is not None]
+    if refs:
+        lines += [
+            "",
+            f"Against the reference (batch {limit.batch_size} re-timed straight through the "
+            "executor just before and after each mode): "
+            + "; ".join(
+                f"{r.mode} {_f(r.efficiency_reference, '.3f')} "
+                f"(reference {r.reference:.3f} images/s)"
+                for r in refs
+            )
+            + ".",
+        ]
     return "\n".join(lines) + "\n"
 
 

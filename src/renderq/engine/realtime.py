@@ -133,6 +133,11 @@ class RealtimeEngine:
         self._retry: deque[_ScoreJob] = deque()
         self._stop = threading.Event()
 
+    @property
+    def shares_device(self) -> bool:
+        """Whether scoring and rendering take turns on the scorer's device class."""
+        return self._shared is not None
+
     def now(self) -> float:
         """Seconds since the engine was created (the scheduler's time axis)."""
         return self._clock() - self._t0

@@ -59,6 +59,9 @@ class SimConfig:
     outcomes: Mapping[tuple[str, int], bool] | None = None
     #: Scoring batch cap (the real engine's ``score_batch_size``); default: the profile's.
     score_batch_size: int | None = None
+    #: Scorer and renderers share the device and take turns, scoring first, as the real
+    #: engine does when the scorer's device class renders too; default: they overlap.
+    share_device: bool = False
 
     def __post_init__(self) -> None:
         if self.render_workers < 1:
@@ -172,9 +175,20 @@ class _Loop:
             self.push(now, _ARRIVE, self.pending.popleft())
 
     def dispatch(self, now: float) -> None:
+        shared = self.cfg.share_device
+        # Shared: the scorer takes the device only when no render runs, and goes first.
+        if not shared or self.free == self.cfg.render_workers:
+            self.dispatch_score(now)
         dc = self.cfg.profile.device_class
-        for batch in self.sched.schedule(now, {dc: self.free}):
+        free = 0 if shared and self.scorer_busy else self.free
+        for batch in self.sched.schedule(now, {dc: free}):
             self.start(batch, now)
+        wake = self.sched.next_wakeup(now)
+        if wake is not None and wake not in self.wakes:
+            self.wakes.add(wake)
+            self.push(wake, _WAKE, wake)
+
+    def dispatch_score(self, now: float) -> None:
         if not self.scorer_busy and self.to_score:
             cap = min(self.cfg.profile.score.cap(), self.cfg.score_batch_size or 1 << 30)
             reqs = [self.to_score.popleft() for _ in range(min(cap, len(self.to_score)))]
@@ -184,10 +198,6 @@ class _Loop:
                 result = ScoreResult((None,) * len(reqs), 0.0, self.scorer.device_class)
             self.scorer_busy = True
             self.push(now + result.device_seconds, _SCORED, ([r.id for r in reqs], result))
-        wake = self.sched.next_wakeup(now)
-        if wake is not None and wake not in self.wakes:
-            self.wakes.add(wake)
-            self.push(wake, _WAKE, wake)
 
     def start(self, batch: Batch, now: float) -> None:
         self.free -= 1
