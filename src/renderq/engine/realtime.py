@@ -9,10 +9,9 @@ N+1 renders; torch releases the GIL inside its kernels, so the stages really ove
 When the scorer runs on a device class that also renders (a CPU-only machine, or one GPU
 for both stages), the two stages take turns on it instead: a device runs one job at a
 time, and scoring goes first when it is free (scores finish requests; a render batch that
-waits for them waits only the few hundred milliseconds a score batch takes). Run side by
-side, the stages would each slow the other by more than the work they save (two thread
-pools on the same cores, two kernel streams on the same GPU) and every device-second
-would be booked twice.
+waits for them waits only the milliseconds a score batch takes). Side by side, both
+stages would book the same device-seconds; on CPU cores they also slowed each other (see
+``renderq.executors.device``). Overlap on one shared GPU has not been measured.
 
 The engine never decides anything about batching (the scheduler does) and never writes
 anything (its ``Listener`` does): every render or score batch that comes back is fed to
