@@ -77,7 +77,9 @@ def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
     return a[0] < b[1] and b[0] < a[1]
 
 
-def _run_16(scorer_device: str, share_device: bool | None = None) -> tuple[Any, Any, Recorder]:
+def _sixteen_in_batches_of_four(
+    scorer_device: str, share_device: bool | None = None
+) -> tuple[SlowExecutor, SlowScorer, Recorder]:
     ex = SlowExecutor(0.05)
     sc = SlowScorer(0.04, device_class=scorer_device)
     rec = Recorder()
@@ -96,13 +98,13 @@ def _run_16(scorer_device: str, share_device: bool | None = None) -> tuple[Any, 
 
 
 def test_a_scorer_on_its_own_device_overlaps_rendering() -> None:
-    ex, sc, _ = _run_16("gpu:1")
+    ex, sc, _ = _sixteen_in_batches_of_four("gpu:1")
     # The scorer worked on an earlier batch while a later one rendered.
     assert any(_overlap(s, (r0, r1)) for s in sc.spans for r0, r1, _ in ex.spans)
 
 
 def test_a_shared_device_runs_one_stage_at_a_time_scoring_first() -> None:
-    ex, sc, rec = _run_16("cpu")
+    ex, sc, rec = _sixteen_in_batches_of_four("cpu")
     spans = [(a, b) for a, b, _ in ex.spans]
     assert not any(_overlap(s, r) for s in sc.spans for r in spans)
     # Each batch's images were scored before the next batch started rendering.
@@ -114,7 +116,7 @@ def test_a_shared_device_runs_one_stage_at_a_time_scoring_first() -> None:
 
 
 def test_sharing_can_be_turned_off() -> None:
-    ex, sc, _ = _run_16("cpu", share_device=False)
+    ex, sc, _ = _sixteen_in_batches_of_four("cpu", share_device=False)
     assert any(_overlap(s, (r0, r1)) for s in sc.spans for r0, r1, _ in ex.spans)
 
 

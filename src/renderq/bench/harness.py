@@ -107,10 +107,8 @@ def sim_backend(
 
 def efficiency(result: SimResult, limit: Limit) -> float | None:
     """Render throughput per device-second over the limit's."""
-    render_s = _render_seconds(result)
-    if render_s <= 0:
-        return None
-    return result.renders / render_s / limit.images_per_second
+    rate = _throughput(result)
+    return None if rate is None else rate / limit.images_per_second
 
 
 def utilisation(result: SimResult, workers: int = 1) -> float | None:
@@ -137,10 +135,10 @@ class ModeRun:
     @property
     def efficiency_reference(self) -> float | None:
         """Render throughput per device-second over the reference's (None without one)."""
-        if self.reference is None or self.efficiency is None or self.reference <= 0:
+        rate = _throughput(self.result)
+        if rate is None or self.reference is None or self.reference <= 0:
             return None
-        render_s = _render_seconds(self.result)
-        return self.result.renders / render_s / self.reference
+        return rate / self.reference
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, the simulator's fields plus efficiency, utilisation and the bound."""
@@ -195,6 +193,12 @@ def capacity_rate(limit: Limit, fraction: float) -> float:
     if not (fraction > 0 and math.isfinite(fraction)):
         raise ConfigError(f"load fraction must be > 0, got {fraction}")
     return limit.images_per_second * fraction
+
+
+def _throughput(result: SimResult) -> float | None:
+    """Renders (every attempt) per render device-second; None when nothing rendered."""
+    render_s = _render_seconds(result)
+    return result.renders / render_s if render_s > 0 else None
 
 
 def _render_seconds(result: SimResult) -> float:
