@@ -8,7 +8,12 @@ median as a ratio of the direct one: 1.0 means the engine and the QA loop cost r
 batches nothing. Alternating cancels the machine's slow drift; the medians absorb its
 batch-to-batch jitter.
 
-Run: ``python bench/engine_batches.py [--repeats 3] [--requests 48] [--batch 16]``.
+``--without-device-thread`` measures the engine as it was before CPU devices got their
+own thread: the models load on the main thread, render on the engine's render worker and
+score on its score worker, each thread with its own OpenMP team.
+
+Run: ``python bench/engine_batches.py [--repeats 3] [--requests 48] [--batch 16]
+[--without-device-thread]``.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from renderq.bench.realrun import RealSettings, load_bench
 from renderq.core.cost import Profile
 from renderq.core.policies import Window, Windows
 from renderq.core.types import ScoreResult
+from renderq.executors import device
+from renderq.executors.device import DeviceThread
 
 
 class InstantScorer:
@@ -37,6 +44,11 @@ class InstantScorer:
 
     def score(self, images: Sequence[Any], prompts: Sequence[str]) -> ScoreResult:
         return ScoreResult(tuple(1.0 for _ in images), 0.0, self.device_class)
+
+
+def _no_thread(device: str) -> DeviceThread | None:
+    """In place of ``device_thread``: every call runs on the thread that makes it."""
+    return None
 
 
 def in_engine(bench: RealBench, scorer: Any, batch: int, requests: int) -> list[float]:
@@ -52,7 +64,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--requests", type=int, default=48)
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--without-device-thread", action="store_true")
     args = ap.parse_args()
+    if args.without_device_thread:
+        device.device_thread = _no_thread
     text = resources.files("renderq").joinpath("profiles/mini-sd-cpu.json").read_text()
     profile = Profile.from_dict(json.loads(text))
     # A threshold every image clears: every variant renders the same full batches.

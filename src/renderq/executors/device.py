@@ -5,10 +5,10 @@ starts parallel work keeps a team of its own for as long as it lives. Once the t
 process hold more threads than there are cores, the library stops letting idle team
 threads spin between kernels and puts them to sleep instead, and every kernel then waits
 for its team to be woken. A pipeline with thousands of small kernels (every diffusion
-step, the VAE, a CLIP scorer) slows down by a third or more: measured on a 2-core machine,
-mini-SD batches of 16 took 3.7-4.2 s in the engine (models loaded on the main thread,
-rendering on a worker thread, scoring on a third) against 2.5-2.9 s run directly, the
-cores a quarter idle.
+step, the VAE, a CLIP scorer) slows down by a third or more: on a 2-core machine, with the
+models loaded on the main thread, rendering on a worker thread and scoring on a third,
+mini-SD batches of 16 took 1.4-1.5 times as long in the engine as run directly, the cores
+a quarter idle (``python bench/engine_batches.py --without-device-thread``).
 
 So the loading, rendering and scoring for a CPU device all go through :func:`on_device`,
 which runs them on that device's one thread: one team, full speed, and stages sharing
