@@ -83,3 +83,8 @@ def test_bench_command_writes_json_markdown_and_plots(tmp_path: Path) -> None:
     assert (tmp_path / "bench.md").read_text().startswith("### offline")
     for png in ("latency_cdf.png", "device_seconds_by_stage.png", "batch_size_curve.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_command_refuses_a_negative_reference_interval_by_value() -> None:
+    res = CliRunner().invoke(app, ["bench", "--executor", "real", "--reference-every", "-3"])
+    assert res.exit_code != 0 and "--reference-every must be >= 0, got -3" in res.output

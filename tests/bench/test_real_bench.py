@@ -43,6 +43,8 @@ def test_real_offline_bench_and_its_simulator_replay(
         ratio = m["efficiency_against_reference"] / m["efficiency"]
         limit = report["limit"]["images_per_second"]
         assert ratio == pytest.approx(limit / m["reference_images_per_second"])
+        # Two reference batches before, two after, and at least one between its batches.
+        assert len(m["reference_batch_s"]) >= 5 and min(m["reference_batch_s"]) > 0
     for row in report["compare_sim"]:
         # Same arrivals and replayed QA outcomes: the simulator renders exactly as much.
         assert row["renders"]["real"] == row["renders"]["sim"]

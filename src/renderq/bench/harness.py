@@ -12,10 +12,11 @@ render throughput per device-second (every attempt counts, regenerations too) di
 that limit: 1.0 means every batch ran at the best size. Its **utilisation** is render
 device-seconds over the makespan times the workers: how busy the device was kept.
 
-A real run also re-times the limit's batch size straight through the executor just before
-and just after each mode (the **reference**), and reports the mode's efficiency against
-that as well: a machine whose speed drifts between the profile and the run (a shared or
-throttled one) moves the profile's limit, not the reference taken around the run.
+A real run also times the limit's batch size straight through the executor before, after
+and in between each mode's own batches (the **reference**), and reports the mode's
+efficiency against that as well: a machine whose speed drifts between the profile and the
+run, or during it (a shared or throttled one), moves the profile's limit, not the
+reference timed alongside the mode.
 """
 
 from __future__ import annotations
@@ -131,6 +132,8 @@ class ModeRun:
     meets_p99: bool | None
     reference: float | None = None
     """Real runs: images per device-second of the limit's batch size, timed around the run."""
+    reference_batch_s: tuple[float, ...] = ()
+    """Real runs: the seconds of each reference batch (the reference is from their median)."""
 
     @property
     def efficiency_reference(self) -> float | None:
@@ -150,6 +153,7 @@ class ModeRun:
             utilisation=self.utilisation,
             meets_p99_bound=self.meets_p99,
             reference_images_per_second=self.reference,
+            reference_batch_s=list(self.reference_batch_s),
             efficiency_against_reference=self.efficiency_reference,
             throughput_accepted_per_s=(
                 self.result.accepted / self.result.makespan_s if self.result.makespan_s else None

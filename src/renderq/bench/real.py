@@ -8,20 +8,28 @@ fails exactly the attempts that failed for real).
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from renderq.bench.harness import Backend, Scenario
+from renderq.core.errors import ConfigError
 from renderq.core.events import Accepted, Cancelled, Escalated, Regenerating
 from renderq.core.policies import Policy
 from renderq.core.qa import QAPolicy
 from renderq.core.scheduler import Scheduler
-from renderq.core.types import TERMINAL, Batch, BatchKey, Request, RequestState, ScoreResult
+from renderq.core.types import (
+    TERMINAL,
+    Batch,
+    BatchKey,
+    BatchResult,
+    Request,
+    RequestState,
+    ScoreResult,
+)
 from renderq.engine.arrivals import Arrival
 from renderq.engine.realtime import RealtimeEngine, Step
 from renderq.engine.sim import SimResult
@@ -45,6 +53,8 @@ class Recording:
     escalated: int = 0
     shared_device: bool = False
     """Scoring and rendering took turns on one device class."""
+    reference_s: list[float] = field(default_factory=list)
+    """Device-seconds of the reference batches run between the mode's own batches."""
 
     def arrivals(self) -> tuple[Arrival, ...]:
         """The submit times as a trace, in request-id order (ids are ``r0000000``...)."""
@@ -126,13 +136,28 @@ class RealBench:
             out.append(self.executor.run(Batch(0, self.key, reqs, 0.0, size)).device_seconds)
         return out
 
-    def reference(self, size: int, batches: int = 2) -> float:
-        """Images per device-second of batches of ``size`` run directly (their median)."""
-        return size / statistics.median(self.direct_batches(size, batches))
+    def run(
+        self, policy: Policy, scenario: Scenario, interleave: tuple[int, int] | None = None
+    ) -> SimResult:
+        """One mode over one scenario, for real.
 
-    def run(self, policy: Policy, scenario: Scenario) -> SimResult:
-        """One mode over one scenario, for real."""
+        ``interleave=(size, every)``: after every ``every`` of the mode's batches, one batch
+        of ``size`` runs straight through the executor (its seconds land in
+        ``last.reference_s``). Their time is kept off the engine's clock, so the mode's
+        latencies and makespan are as if they had not run. Not for the server scenario,
+        whose arrivals follow the wall clock.
+        """
         rec = Recording()
+        executor: Executor = self.executor
+        clock: Callable[[], float] = time.monotonic
+        if interleave is not None:
+            if scenario.name == "server":
+                raise ConfigError("reference batches cannot interleave a server scenario")
+            size, every = interleave
+            executor = _Interleaved(
+                self.executor, every, partial(self._one_reference, size, rec.reference_s)
+            )
+            clock = executor.clock
         sched = Scheduler(
             policy,
             qa=QAPolicy(self.threshold, self.max_attempts, enabled=self.qa),
@@ -151,11 +176,12 @@ class RealBench:
         recorder = _Recorder(rec, done)
         engine = RealtimeEngine(
             sched,
-            {self.executor.device_class: self.executor},
+            {executor.device_class: executor},
             self.scorer if self.qa else _Unscored(),
             recorder,
             score_batch_size=self.score_batch_size,
             share_device=self.share_device,
+            clock=clock,
         )
         recorder.engine = engine
         rec.shared_device = self.qa and engine.shares_device
@@ -179,6 +205,10 @@ class RealBench:
             feeder.join()
         self.last = rec
         return self._result(policy, sched, rec)
+
+    def _one_reference(self, size: int, seconds: list[float]) -> None:
+        first = 2_000_000 + len(seconds) * size
+        seconds += self.direct_batches(size, 1, first)
 
     @staticmethod
     def _feed(
@@ -208,6 +238,48 @@ class RealBench:
             rerenders=rec.rerenders,
             makespan_s=end - min(rec.submitted.values(), default=0.0),
         )
+
+
+class _Interleaved:
+    """An executor that runs a reference batch after every ``every`` batches it renders.
+
+    Its :meth:`clock` is the wall clock with the reference batches taken out (frozen while
+    one runs), for the engine, so the mode's own timeline is not stretched by them.
+    """
+
+    def __init__(self, inner: Executor, every: int, reference: Callable[[], None]) -> None:
+        if every < 1:
+            raise ConfigError(f"reference batches need every >= 1, got {every}")
+        self.inner = inner
+        self.device_class = inner.device_class
+        self.every = every
+        self.reference = reference
+        self._lock = threading.Lock()
+        self._paused = 0.0
+        self._since: float | None = None
+        self._batches = 0
+
+    def clock(self) -> float:
+        """Monotonic seconds, not counting the reference batches."""
+        with self._lock:
+            now = time.monotonic() if self._since is None else self._since
+            return now - self._paused
+
+    def run(self, batch: Batch) -> BatchResult:
+        """Render ``batch``; then, every ``every`` batches, one reference batch."""
+        result = self.inner.run(batch)
+        self._batches += 1
+        if self._batches % self.every == 0:
+            with self._lock:
+                self._since = time.monotonic()
+            try:
+                self.reference()
+            finally:
+                with self._lock:
+                    assert self._since is not None
+                    self._paused += time.monotonic() - self._since
+                    self._since = None
+        return result
 
 
 def _submit_at(submit: Any, i: int, now: float) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +12,7 @@ from renderq.bench.harness import Limit, ModeRun, Scenario, efficiency, utilisat
 from renderq.bench.model_profile import ProfileSettings, profile_loaded
 from renderq.bench.real import RealBench
 from renderq.core.cost import Profile
+from renderq.core.errors import ConfigError
 from renderq.core.policies import Policy
 from renderq.core.types import BatchKey
 from renderq.engine.models import model_defaults, resolve, scorer_default_threshold
@@ -32,6 +34,10 @@ class RealSettings:
     qa: bool = True
     score_batch_size: int = 32
     profile_repeats: int = 2
+
+
+REFERENCE_EVERY = 2
+"""Real runs: one reference batch after every this many of the mode's batches."""
 
 
 def shipped_prompts() -> list[str]:
@@ -98,24 +104,32 @@ def run_real(
     scenario: Scenario,
     limit: Limit,
     compare_sim: bool,
+    reference_every: int = REFERENCE_EVERY,
 ) -> tuple[list[ModeRun], list[dict[str, Any]]]:
     """Every mode for real (and replayed in the simulator when asked).
 
-    Around each mode the limit's batch size is re-timed directly (two batches before, two
-    after; the mean of their medians is the mode's reference).
+    The mode's reference: the limit's batch size timed straight through the executor, two
+    batches before the mode, two after, and (``reference_every`` > 0, scenarios other than
+    server) one after every ``reference_every`` of the mode's own batches; the median of
+    them all. Interleaved, they see the machine the mode saw, even one whose speed drifts
+    from minute to minute.
     """
+    if reference_every < 0:
+        raise ConfigError(f"--reference-every must be >= 0, got {reference_every}")
+    size = limit.batch_size
+    every = 0 if scenario.name == "server" else reference_every
     runs: list[ModeRun] = []
     fidelity: list[dict[str, Any]] = []
     for name, policy in policies.items():
-        before = bench.reference(limit.batch_size)
-        result = bench.run(policy, scenario)
+        before = bench.direct_batches(size, 2)
+        result = bench.run(policy, scenario, (size, every) if every else None)
         rec = bench.last
         assert rec is not None
         first = [ok for (_, attempt), ok in rec.outcomes.items() if attempt == 0]
         fail = 1 - sum(first) / len(first) if first else 0.0
         p99 = result.percentile(99)
         meets = None if scenario.p99_bound_s is None or p99 is None else p99 <= scenario.p99_bound_s
-        reference = (before + bench.reference(limit.batch_size)) / 2
+        timed = (*before, *rec.reference_s, *bench.direct_batches(size, 2, first=3_000_000))
         runs.append(
             ModeRun(
                 name,
@@ -124,7 +138,8 @@ def run_real(
                 efficiency(result, limit),
                 utilisation(result),
                 meets,
-                reference,
+                size / statistics.median(timed),
+                timed,
             )
         )
         if compare_sim:

@@ -37,15 +37,16 @@ def markdown(runs: Sequence[ModeRun], limit: Limit, title: str) -> str:
             f"{met} | {r.result.mean_batch_size:.1f} | {r.result.accepted} | "
             f"{r.result.escalated} |"
         )
-    refs = [r for r in runs if r.reference is not None]
+    refs = [r for r in runs if r.reference is not None and r.reference_batch_s]
     if refs:
         lines += [
             "",
-            f"Against the reference (batch {limit.batch_size} re-timed straight through the "
-            "executor just before and after each mode): "
+            f"Against the reference (batch {limit.batch_size} timed straight through the "
+            "executor before, after and between each mode's batches; median): "
             + "; ".join(
                 f"{r.mode} {_f(r.efficiency_reference, '.3f')} "
-                f"(reference {r.reference:.3f} images/s)"
+                f"(reference {r.reference:.3f} images/s, {len(r.reference_batch_s)} batches "
+                f"{min(r.reference_batch_s):.2f}-{max(r.reference_batch_s):.2f} s)"
                 for r in refs
             )
             + ".",

@@ -62,6 +62,13 @@ def bench_command(
     compare_sim: Annotated[
         bool, typer.Option("--compare-sim", help="Real: replay each run in the simulator.")
     ] = False,
+    reference_every: Annotated[
+        int,
+        typer.Option(
+            help="Real, not server: time one batch of the limit's size straight through the "
+            "executor after every N of the mode's batches (0: only before and after it)."
+        ),
+    ] = 2,
     out: Annotated[Path | None, typer.Option(help="Write bench.json, bench.md, plots.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON report.")] = False,
 ) -> None:
@@ -72,6 +79,8 @@ def bench_command(
             raise ConfigError(f"--executor must be sim or real, got {executor!r}")
         if compare_sim and executor != "real":
             raise ConfigError("--compare-sim needs --executor real")
+        if reference_every < 0:
+            raise ConfigError(f"--reference-every must be >= 0, got {reference_every}")
         bench = None
         if executor == "real":
             from renderq.bench.realrun import RealSettings, load_bench
@@ -109,7 +118,9 @@ def bench_command(
         if bench is not None:
             from renderq.bench.realrun import run_real
 
-            runs, fidelity = run_real(bench, prof, policies, scen, limit, compare_sim)
+            runs, fidelity = run_real(
+                bench, prof, policies, scen, limit, compare_sim, reference_every
+            )
         else:
             backend = sim_backend(
                 prof, qa=qa, workers=workers, seed=seed, max_attempts=max_attempts

@@ -1,0 +1,106 @@
+"""Reference batches interleaved with a real mode's own, kept off the engine's clock."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+from renderq.bench.harness import Scenario
+from renderq.bench.real import RealBench, _Interleaved
+from renderq.core.errors import ConfigError
+from renderq.core.policies import Window
+from renderq.core.types import Batch, BatchResult, ItemResult
+from tests.run.test_realtime import KEY, SlowScorer
+
+
+@dataclass
+class LoggingExecutor:
+    """Sleeps ``per_image`` per image of a reference batch (none for the mode's); logs ids."""
+
+    per_image: float
+    device_class: str = "cpu"
+    log: list[tuple[str, ...]] = field(default_factory=list)
+
+    def run(self, batch: Batch) -> BatchResult:
+        ids = tuple(r.id for r in batch.requests)
+        if int(ids[0][1:]) >= 1_000_000:  # the bench's direct batches use these ids
+            time.sleep(self.per_image * batch.size)
+        self.log.append(ids)
+        items = tuple(ItemResult(r.id, image=(r.id, r.attempt)) for r in batch.requests)
+        return BatchResult(batch.id, items, 0.001 * batch.size, self.device_class)
+
+
+@dataclass
+class _Noop:
+    device_class: str = "cpu"
+
+    def run(self, batch: Batch) -> BatchResult:
+        return BatchResult(batch.id, (), 0.0, self.device_class)
+
+
+def _bench(executor: LoggingExecutor) -> RealBench:
+    return RealBench(executor, SlowScorer(0.0), KEY, ["a prompt"], threshold=0.5)
+
+
+def test_a_reference_batch_follows_every_kth_batch_and_stays_off_the_clock() -> None:
+    ex = LoggingExecutor(per_image=0.02)
+    bench = _bench(ex)
+    result = bench.run(Window(batch_size=2), Scenario("offline", 12), interleave=(4, 2))
+    assert bench.last is not None
+    is_ref = [int(ids[0][1:]) >= 1_000_000 for ids in ex.log]
+    # Six batches of two, each second one followed by a direct batch of four.
+    assert is_ref == [False, False, True] * 3
+    assert [len(ids) for ids in ex.log] == [2, 2, 4] * 3
+    assert len(bench.last.reference_s) == 3
+    # Each reference batch is new requests, never one of the mode's.
+    refs = [ids for ids, r in zip(ex.log, is_ref, strict=True) if r]
+    assert len({i for ids in refs for i in ids}) == 12
+    assert result.accepted == 12
+    # The three reference batches slept 0.24 s; the mode's own timeline does not hold them.
+    assert result.makespan_s < 0.24
+
+
+def test_without_interleave_no_reference_batches_run() -> None:
+    ex = LoggingExecutor(per_image=0.02)
+    bench = _bench(ex)
+    bench.run(Window(batch_size=2), Scenario("offline", 8))
+    assert bench.last is not None and bench.last.reference_s == []
+    assert all(int(ids[0][1:]) < 1_000_000 for ids in ex.log)
+
+
+def test_the_clock_freezes_while_a_reference_batch_runs() -> None:
+    seen: list[float] = []
+    started = threading.Event()
+
+    def reference() -> None:
+        started.set()
+        time.sleep(0.2)
+
+    inter = _Interleaved(_Noop(), 1, reference)
+
+    def read_midway() -> None:
+        started.wait()
+        time.sleep(0.1)
+        seen.append(inter.clock())
+
+    reader = threading.Thread(target=read_midway)
+    reader.start()
+    before = inter.clock()
+    wall = time.monotonic()
+    inter.run(Batch(1, KEY, (), 0.0, 0))
+    reader.join()
+    assert time.monotonic() - wall >= 0.2
+    assert inter.clock() - before < 0.1
+    # Read 0.1 s into the reference batch: frozen where it started.
+    assert seen[0] - before < 0.05
+
+
+def test_bad_interleave_settings_are_refused_by_name() -> None:
+    bench = _bench(LoggingExecutor(0.0))
+    with pytest.raises(ConfigError, match="server"):
+        bench.run(Window(batch_size=2), Scenario("server", 4, rate=1.0), interleave=(4, 2))
+    with pytest.raises(ConfigError, match="every >= 1, got 0"):
+        _Interleaved(LoggingExecutor(0.0), 0, lambda: None)
