@@ -99,61 +99,62 @@ def negatives_for(scene: world.Scene, rng: random.Random, extra: list[str]) -> l
     return out
 
 
+def label_renders(images: Any, prompts: list[str]) -> dict[str, Any]:
+    """Caption each render with what the oracle reads in it; say whether it shows its prompt."""
+    captions, matched = [], []
+    for image, prompt in zip(images, prompts, strict=True):
+        verdict = oracle.check(image, prompt)
+        kind, colour, _ = world.parse_caption(prompt).shapes[0]
+        captions.append(scene_from_reading(verdict.reading, (colour, kind)).caption())
+        matched.append(verdict.subject_ok)
+    return {"images": images, "prompts": prompts, "captions": captions, "matched": matched}
+
+
 def render_training_set(pipeline_dir: Path, n: int, cache: Path, batch: int = 16) -> dict[str, Any]:
-    """Render the first ``n`` training prompts with mini-SD; keep images, prompts, captions.
+    """Render the first ``n`` training prompts with mini-SD; images, prompts, oracle captions.
 
     Renders whose reading holds no shape are dropped (they have no caption to be positive
-    for). Cached at ``cache``: a later call with the same ``n`` returns the cache, one with a
-    larger ``n`` renders only the prompts the cache lacks (the prompt list and the seeds are
-    fixed, so the result is the same as rendering all ``n`` at once).
+    for). The images are cached at ``cache``: a later call with the same ``n`` renders
+    nothing, one with a larger ``n`` renders only the prompts the cache lacks (the prompt
+    list and the seeds are fixed, so the result is the same as rendering all ``n`` at
+    once). Captions and verdicts are read again on every call, so they always come from
+    the current oracle.
     """
     import torch
     from diffusers import StableDiffusionPipeline
 
     from renderq.models.shapes.build import DEFAULT_GUIDANCE, DEFAULT_STEPS
 
-    empty: dict[str, Any] = {"images": [], "prompts": [], "captions": [], "matched": []}
-    data = common.load_checkpoint(cache) or {**empty, "rendered": 0}
+    data = common.load_checkpoint(cache) or {"images": [], "prompts": [], "rendered": 0}
     done = int(data.get("rendered", len(data["prompts"])))
-    if done >= n:
-        return data
-    pipe = StableDiffusionPipeline.from_pretrained(pipeline_dir)
-    pipe.set_progress_bar_config(disable=True)
-    rng = random.Random(RENDER_PROMPT_SEED)
-    prompts = [world.random_caption(rng) for _ in range(n)]
-    images, kept, captions, matched = (list(data[k]) for k in empty)
-    for i in range(done, n, batch):
-        chunk = prompts[i : i + batch]
-        gens = [torch.Generator().manual_seed(RENDER_SEED_BASE + i + j) for j in range(len(chunk))]
-        out = pipe(
-            chunk,
-            generator=gens,
-            num_inference_steps=DEFAULT_STEPS,
-            guidance_scale=DEFAULT_GUIDANCE,
-            output_type="np",
-        ).images
-        for prompt, array in zip(chunk, out, strict=True):
-            image = np.asarray((array * 255).round().clip(0, 255), dtype=np.uint8)
-            verdict = oracle.check(image, prompt)
-            if not verdict.reading.shapes:
-                continue
-            kind, colour, _ = world.parse_caption(prompt).shapes[0]
-            scene = scene_from_reading(verdict.reading, (colour, kind))
-            images.append(image)
-            kept.append(prompt)
-            captions.append(scene.caption())
-            matched.append(verdict.subject_ok)
-        print(f"[clip-gate] rendered {min(n, i + batch)}/{n}", flush=True)
-    data = {
-        "images": np.stack(images),
-        "prompts": kept,
-        "captions": captions,
-        "matched": matched,
-        "rendered": n,
-    }
-    common.save_checkpoint(cache, data)
-    print(f"[clip-gate] kept {len(kept)} renders, oracle match {np.mean(matched):.1%}", flush=True)
-    return data
+    images, kept = list(data["images"]), list(data["prompts"])
+    if done < n:
+        pipe = StableDiffusionPipeline.from_pretrained(pipeline_dir)
+        pipe.set_progress_bar_config(disable=True)
+        rng = random.Random(RENDER_PROMPT_SEED)
+        prompts = [world.random_caption(rng) for _ in range(n)]
+        for i in range(done, n, batch):
+            chunk = prompts[i : i + batch]
+            seeds = range(RENDER_SEED_BASE + i, RENDER_SEED_BASE + i + len(chunk))
+            gens = [torch.Generator().manual_seed(s) for s in seeds]
+            out = pipe(
+                chunk,
+                generator=gens,
+                num_inference_steps=DEFAULT_STEPS,
+                guidance_scale=DEFAULT_GUIDANCE,
+                output_type="np",
+            ).images
+            for prompt, array in zip(chunk, out, strict=True):
+                image = np.asarray((array * 255).round().clip(0, 255), dtype=np.uint8)
+                if oracle.read_image(image).shapes:
+                    images.append(image)
+                    kept.append(prompt)
+            print(f"[clip-gate] rendered {min(n, i + batch)}/{n}", flush=True)
+        common.save_checkpoint(cache, {"images": np.stack(images), "prompts": kept, "rendered": n})
+    labelled = label_renders(np.stack(images), kept)
+    share = float(np.mean(labelled["matched"]))
+    print(f"[clip-gate] {len(kept)} renders, oracle match {share:.1%}", flush=True)
+    return {**labelled, "rendered": max(done, n)}
 
 
 def _rendered_batch(

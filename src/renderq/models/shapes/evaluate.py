@@ -21,6 +21,7 @@ import numpy as np
 
 from renderq.models.shapes import common, oracle, world
 from renderq.models.shapes.build import DEFAULT_GUIDANCE, DEFAULT_STEPS
+from renderq.models.shapes.vae_train import reconstruction_oracle_rate
 
 HELD_OUT_SEED = 50_000
 PROMPT_SEED = 60_000
@@ -40,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     parser.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE)
     parser.add_argument("--timing-repeats", type=int, default=3)
-    parser.add_argument("--skip", default="", help="comma list of: clip,sd,timing")
+    parser.add_argument("--skip", default="", help="comma list of: clip,oracle,sd,timing")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", default=None, help="also write the figures here")
 
@@ -276,6 +277,15 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         )
     pipe = StableDiffusionPipeline.from_pretrained(weights / "mini-sd")
     pipe.set_progress_bar_config(disable=True)
+    if "oracle" not in skip:
+        with torch.no_grad():
+            read = reconstruction_oracle_rate(pipe.vae)
+        figures |= {"oracle_recon_subject": read["subject"], "oracle_recon_strict": read["strict"]}
+        print(
+            f"pixel oracle on 500 VAE reconstructions of known world scenes: subject right "
+            f"{read['subject']:.1%}, exactly right {read['strict']:.1%}",
+            flush=True,
+        )
     if "sd" not in skip:
         rng = random.Random(PROMPT_SEED)
         prompts = [world.random_caption(rng) for _ in range(args.prompts)]
