@@ -12,7 +12,7 @@ from renderq.bench.harness import Scenario
 from renderq.bench.real import RealBench, _Interleaved
 from renderq.core.errors import ConfigError
 from renderq.core.policies import Window
-from renderq.core.types import Batch, BatchResult, ItemResult
+from renderq.core.types import Batch, BatchResult, ItemResult, Request
 from tests.run.test_realtime import KEY, SlowScorer
 
 
@@ -45,13 +45,13 @@ def _bench(executor: LoggingExecutor) -> RealBench:
     return RealBench(executor, SlowScorer(0.0), KEY, ["a prompt"], threshold=0.5)
 
 
-def test_a_reference_batch_follows_every_kth_batch_and_stays_off_the_clock() -> None:
+def test_a_reference_batch_follows_each_interval_of_images_and_stays_off_the_clock() -> None:
     ex = LoggingExecutor(per_image=0.02)
     bench = _bench(ex)
-    result = bench.run(Window(batch_size=2), Scenario("offline", 12), interleave=(4, 2))
+    result = bench.run(Window(batch_size=2), Scenario("offline", 12), interleave=(4, 1))
     assert bench.last is not None
     is_ref = [int(ids[0][1:]) >= 1_000_000 for ids in ex.log]
-    # Six batches of two, each second one followed by a direct batch of four.
+    # Six batches of two; each four images rendered are followed by a direct batch of four.
     assert is_ref == [False, False, True] * 3
     assert [len(ids) for ids in ex.log] == [2, 2, 4] * 3
     assert len(bench.last.reference_s) == 3
@@ -82,7 +82,7 @@ def test_the_clock_freezes_while_a_reference_batch_runs() -> None:
     inter = _Interleaved(_Noop(), 1, reference)
 
     def read_midway() -> None:
-        started.wait()
+        started.wait(5.0)
         time.sleep(0.1)
         seen.append(inter.clock())
 
@@ -90,7 +90,7 @@ def test_the_clock_freezes_while_a_reference_batch_runs() -> None:
     reader.start()
     before = inter.clock()
     wall = time.monotonic()
-    inter.run(Batch(1, KEY, (), 0.0, 0))
+    inter.run(Batch(1, KEY, (Request("r1", "a prompt", KEY),), 0.0, 1))
     reader.join()
     assert time.monotonic() - wall >= 0.2
     assert inter.clock() - before < 0.1
@@ -102,5 +102,15 @@ def test_bad_interleave_settings_are_refused_by_name() -> None:
     bench = _bench(LoggingExecutor(0.0))
     with pytest.raises(ConfigError, match="server"):
         bench.run(Window(batch_size=2), Scenario("server", 4, rate=1.0), interleave=(4, 2))
-    with pytest.raises(ConfigError, match="every >= 1, got 0"):
+    with pytest.raises(ConfigError, match="interval >= 1 image, got 0"):
         _Interleaved(LoggingExecutor(0.0), 0, lambda: None)
+
+
+def test_the_interval_counts_images_not_batches() -> None:
+    ex = LoggingExecutor(per_image=0.0)
+    bench = _bench(ex)
+    bench.run(Window(batch_size=3), Scenario("offline", 12), interleave=(2, 2))
+    # Batches of 3 against an interval of 4 images: references at 6, 9 and 12 images
+    # (4, 8 and 12 crossed), never a batch count.
+    sizes = [len(ids) for ids in ex.log]
+    assert sizes == [3, 3, 2, 3, 2, 3, 2]

@@ -8,18 +8,26 @@ from pathlib import Path
 from renderq.models.shapes import clip_gate, common, evaluate, oracle, world
 
 
-def test_hard_negatives_change_only_the_first_shape() -> None:
+def test_hard_negatives_swap_the_two_kinds_or_change_only_the_first_shape() -> None:
     rng = random.Random(8)
     for scene in world.sample_batch(rng, 50, two_shape_prob=0.5):
         truth = world.parse_caption(scene.caption())
         negatives = clip_gate.negatives_for(scene, rng, [])
         assert len(negatives) == clip_gate.NEGATIVES == len(set(negatives))
-        for caption in negatives:
+        first, rest = truth.shapes[0], truth.shapes[1:]
+        swap = bool(rest) and rest[0][0] != first[0]
+        if swap:
+            # The two kinds exchanged: same colours and sizes, kinds bound the other way.
+            parsed = world.parse_caption(negatives[0])
+            assert parsed.background == truth.background
+            assert [k for k, _, _ in parsed.shapes] == [rest[0][0], first[0]]
+            assert [(c, z) for _, c, z in parsed.shapes] == [(c, z) for _, c, z in truth.shapes]
+        for caption in negatives[int(swap) :]:
             parsed = world.parse_caption(caption)
             assert parsed.background == truth.background
             assert parsed.shapes[1:] == truth.shapes[1:]
             assert parsed.shapes[0] != truth.shapes[0]
-        kinds = {world.parse_caption(c).shapes[0][0] for c in negatives[:2]}
+        kinds = {world.parse_caption(c).shapes[0][0] for c in negatives[int(swap) : int(swap) + 2]}
         assert kinds == set(world.SHAPES) - {scene.shapes[0].kind}
         # A failed render's prompt comes first when given.
         assert clip_gate.negatives_for(scene, rng, ["x"])[0] == "x"

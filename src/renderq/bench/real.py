@@ -141,9 +141,10 @@ class RealBench:
     ) -> SimResult:
         """One mode over one scenario, for real.
 
-        ``interleave=(size, every)``: after every ``every`` of the mode's batches, one batch
-        of ``size`` runs straight through the executor (its seconds land in
-        ``last.reference_s``). Their time is kept off the engine's clock, so the mode's
+        ``interleave=(size, every)``: each time the mode has rendered ``every * size``
+        images, one batch of ``size`` runs straight through the executor (its seconds land
+        in ``last.reference_s``), so the reference costs about ``1 / every`` of the mode's
+        own time whatever its batch sizes. Their time is kept off the engine's clock, so the mode's
         latencies and makespan are as if they had not run. Not for the server scenario,
         whose arrivals follow the wall clock.
         """
@@ -155,7 +156,7 @@ class RealBench:
                 raise ConfigError("reference batches cannot interleave a server scenario")
             size, every = interleave
             executor = _Interleaved(
-                self.executor, every, partial(self._one_reference, size, rec.reference_s)
+                self.executor, every * size, partial(self._one_reference, size, rec.reference_s)
             )
             clock = executor.clock
         sched = Scheduler(
@@ -241,23 +242,23 @@ class RealBench:
 
 
 class _Interleaved:
-    """An executor that runs a reference batch after every ``every`` batches it renders.
+    """An executor that runs a reference batch each time it has rendered ``images`` images.
 
     Its :meth:`clock` is the wall clock with the reference batches taken out (frozen while
     one runs), for the engine, so the mode's own timeline is not stretched by them.
     """
 
-    def __init__(self, inner: Executor, every: int, reference: Callable[[], None]) -> None:
-        if every < 1:
-            raise ConfigError(f"reference batches need every >= 1, got {every}")
+    def __init__(self, inner: Executor, images: int, reference: Callable[[], None]) -> None:
+        if images < 1:
+            raise ConfigError(f"reference batches need an interval >= 1 image, got {images}")
         self.inner = inner
         self.device_class = inner.device_class
-        self.every = every
+        self.images = images
         self.reference = reference
         self._lock = threading.Lock()
         self._paused = 0.0
         self._since: float | None = None
-        self._batches = 0
+        self._rendered = 0
 
     def clock(self) -> float:
         """Monotonic seconds, not counting the reference batches."""
@@ -266,10 +267,11 @@ class _Interleaved:
             return now - self._paused
 
     def run(self, batch: Batch) -> BatchResult:
-        """Render ``batch``; then, every ``every`` batches, one reference batch."""
+        """Render ``batch``; then, once ``images`` more images are done, a reference batch."""
         result = self.inner.run(batch)
-        self._batches += 1
-        if self._batches % self.every == 0:
+        self._rendered += batch.size
+        if self._rendered >= self.images:
+            self._rendered -= self.images
             with self._lock:
                 self._since = time.monotonic()
             try:

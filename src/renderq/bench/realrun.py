@@ -37,7 +37,7 @@ class RealSettings:
 
 
 REFERENCE_EVERY = 2
-"""Real runs: one reference batch after every this many of the mode's batches."""
+"""Real runs: one reference batch per this many limit-sized batches' worth of mode images."""
 
 
 def shipped_prompts() -> list[str]:
@@ -110,9 +110,9 @@ def run_real(
 
     The mode's reference: the limit's batch size timed straight through the executor, two
     batches before the mode, two after, and (``reference_every`` > 0, scenarios other than
-    server) one after every ``reference_every`` of the mode's own batches; the median of
-    them all. Interleaved, they see the machine the mode saw, even one whose speed drifts
-    from minute to minute.
+    server) one each time the mode has rendered ``reference_every`` such batches' worth of
+    images; the median of them all. Interleaved, they see the machine the mode saw, even
+    one whose speed drifts from minute to minute.
     """
     if reference_every < 0:
         raise ConfigError(f"--reference-every must be >= 0, got {reference_every}")

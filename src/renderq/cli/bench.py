@@ -66,7 +66,8 @@ def bench_command(
         int,
         typer.Option(
             help="Real, not server: time one batch of the limit's size straight through the "
-            "executor after every N of the mode's batches (0: only before and after it)."
+            "executor each time the mode has rendered N such batches' worth of images "
+            "(0: only before and after the mode)."
         ),
     ] = 2,
     out: Annotated[Path | None, typer.Option(help="Write bench.json, bench.md, plots.")] = None,

@@ -78,6 +78,7 @@ def _train_gate(args: argparse.Namespace, checkpoints: Path) -> None:
         steps=GATE_STEPS if args.steps is None else args.steps,
         render_steps=RENDER_STEPS if args.render_steps is None else args.render_steps,
         rendered_share=args.rendered_share,
+        two_shape_share=args.two_shape_share,
         resume=not args.fresh,
         **({} if args.lr is None else {"lr": args.lr}),
         **({} if args.render_lr is None else {"render_lr": args.render_lr}),
@@ -125,6 +126,12 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument("--renders", type=int, default=1024, help="renders (clip-gate)")
     train.add_argument(
         "--rendered-share", type=float, default=0.5, help="renders' share of a batch (clip-gate)"
+    )
+    train.add_argument(
+        "--two-shape-share",
+        type=float,
+        default=0.3,
+        help="share of world images with two shapes (clip-gate)",
     )
     train.add_argument(
         "--render-steps", type=int, default=None, help="steps with renders (clip-gate)"

@@ -78,10 +78,18 @@ def scene_from_reading(reading: oracle.Reading, subject: tuple[str, str] | None)
 
 
 def negatives_for(scene: world.Scene, rng: random.Random, extra: list[str]) -> list[str]:
-    """``NEGATIVES`` captions: ``extra`` first, then kind swaps, then colour swaps."""
+    """``NEGATIVES`` captions: ``extra`` first, then kind swaps, then colour swaps.
+
+    With two shapes of different kinds, the first kind swap exchanges the two kinds (the
+    right words bound to the wrong colours), then the first shape takes each other kind.
+    """
     first, rest = scene.shapes[0], scene.shapes[1:]
     used = {scene.background, *(s.colour for s in scene.shapes)}
-    kinds = [
+    kinds = []
+    if rest and rest[0].kind != first.kind:
+        swapped = [replace(first, kind=rest[0].kind), replace(rest[0], kind=first.kind)]
+        kinds.append(world.caption_for(scene.background, swapped))
+    kinds += [
         world.caption_for(scene.background, [replace(first, kind=k), *rest])
         for k in world.SHAPES
         if k != first.kind
@@ -183,6 +191,7 @@ def train_clip_gate(
     rendered_share: float = 0.5,
     lr: float = 1e-3,
     render_lr: float = 3e-4,
+    two_shape_share: float = 0.3,
     resume: bool = True,
     checkpoint_every: int = 50,
 ) -> Path:
@@ -191,7 +200,8 @@ def train_clip_gate(
     Starts from the joint checkpoint, or from ``init_from`` (a CLIP folder) when given.
     ``steps`` on world images teach shapes (a cosine schedule from ``lr``); then
     ``render_steps`` with ``rendered_share`` of each batch rendered teach the generated look
-    and its failures (a second, lower schedule from ``render_lr``).
+    and its failures (a second, lower schedule from ``render_lr``). ``two_shape_share`` of
+    the world images hold two shapes.
     """
     import torch
     from transformers import CLIPModel
@@ -215,7 +225,7 @@ def train_clip_gate(
     for step in range(start, total):
         rng = common.step_rng(GATE_SEED, step)
         n_rendered = 0 if step < steps else int(batch_size * rendered_share)
-        scenes = world.sample_batch(rng, batch_size - n_rendered)
+        scenes = world.sample_batch(rng, batch_size - n_rendered, two_shape_share)
         # World images stay sharp here: the renders bring the soft, generated look.
         world_images = common.images_to_tensor([world.render(s) for s in scenes])
         r_images, r_captions, r_negatives = _rendered_batch(renders, rng, n_rendered)
