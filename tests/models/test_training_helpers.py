@@ -5,6 +5,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 from renderq.models.shapes import clip_gate, common, evaluate, oracle, world
 
 
@@ -106,3 +109,33 @@ def test_the_shipped_gate_threshold_is_the_calibrated_one() -> None:
     assert scorer_default_threshold(DEFAULT_SCORER) == shapes.DEFAULT_THRESHOLD
     assert scorer_default_threshold(DEFAULT_SCORER, scale100=True) == 100 * shapes.DEFAULT_THRESHOLD
     assert scorer_default_threshold("some/other-clip") is None
+
+
+def test_rendered_batch_captions_matched_renders_by_reading_or_by_prompt() -> None:
+    image = np.zeros((64, 64, 3), np.uint8)
+    data = {
+        "images": [image, image],
+        "prompts": [
+            "a small red square and a large blue circle on a white background",
+            "a small green circle on a black background",
+        ],
+        "captions": [
+            "a small red square on a white background",
+            "a small green square on a black background",
+        ],
+        "matched": [True, False],
+    }
+    for mode in ("reading", "prompt"):
+        rng = random.Random(3)
+        _, captions, negatives = clip_gate._rendered_batch(data, rng, 40, mode)
+        picked = [data["captions"].index(c) if c in data["captions"] else 0 for c in captions]
+        for k, caption in enumerate(captions):
+            own = negatives[k * clip_gate.NEGATIVES : (k + 1) * clip_gate.NEGATIVES]
+            if picked[k] == 1:  # the failed render: its reading, its prompt a negative
+                assert caption == data["captions"][1] and own[0] == data["prompts"][1]
+            else:
+                want = data["prompts"][0] if mode == "prompt" else data["captions"][0]
+                assert caption == want and data["prompts"][1] not in own
+        assert set(picked) == {0, 1}
+    with pytest.raises(ValueError, match="'both'"):
+        clip_gate._rendered_batch(data, random.Random(0), 1, "both")

@@ -79,6 +79,7 @@ def _train_gate(args: argparse.Namespace, checkpoints: Path) -> None:
         render_steps=RENDER_STEPS if args.render_steps is None else args.render_steps,
         rendered_share=args.rendered_share,
         two_shape_share=args.two_shape_share,
+        matched_caption=args.matched_caption,
         resume=not args.fresh,
         **({} if args.lr is None else {"lr": args.lr}),
         **({} if args.render_lr is None else {"render_lr": args.render_lr}),
@@ -132,6 +133,12 @@ def main(argv: list[str] | None = None) -> None:
         type=float,
         default=0.3,
         help="share of world images with two shapes (clip-gate)",
+    )
+    train.add_argument(
+        "--matched-caption",
+        choices=["reading", "prompt"],
+        default="reading",
+        help="caption of a render that shows its prompt's subject (clip-gate)",
     )
     train.add_argument(
         "--render-steps", type=int, default=None, help="steps with renders (clip-gate)"

@@ -166,12 +166,21 @@ def render_training_set(pipeline_dir: Path, n: int, cache: Path, batch: int = 16
 
 
 def _rendered_batch(
-    data: dict[str, Any], rng: random.Random, n: int
+    data: dict[str, Any], rng: random.Random, n: int, matched_caption: str = "reading"
 ) -> tuple[list[np.ndarray], list[str], list[str]]:
-    """``n`` cached renders with their oracle captions and hard negatives."""
+    """``n`` cached renders with their captions and hard negatives.
+
+    A render's caption is what the oracle reads in it; with ``matched_caption="prompt"``, a
+    render that shows its prompt's subject is captioned by its prompt instead (the gate's
+    own question: does this image pass for this prompt).
+    """
+    if matched_caption not in ("reading", "prompt"):
+        raise ValueError(f"matched_caption must be reading or prompt, got {matched_caption!r}")
     images, captions, negatives = [], [], []
     for i in (rng.randrange(len(data["prompts"])) for _ in range(n)):
         caption = data["captions"][i]
+        if matched_caption == "prompt" and data["matched"][i]:
+            caption = data["prompts"][i]
         scene = world.scene_for_caption(caption, rng)
         extra = [] if data["matched"][i] else [data["prompts"][i]]
         images.append(data["images"][i])
@@ -192,6 +201,7 @@ def train_clip_gate(
     lr: float = 1e-3,
     render_lr: float = 3e-4,
     two_shape_share: float = 0.3,
+    matched_caption: str = "reading",
     resume: bool = True,
     checkpoint_every: int = 50,
 ) -> Path:
@@ -201,7 +211,7 @@ def train_clip_gate(
     ``steps`` on world images teach shapes (a cosine schedule from ``lr``); then
     ``render_steps`` with ``rendered_share`` of each batch rendered teach the generated look
     and its failures (a second, lower schedule from ``render_lr``). ``two_shape_share`` of
-    the world images hold two shapes.
+    the world images hold two shapes; ``matched_caption`` as in :func:`_rendered_batch`.
     """
     import torch
     from transformers import CLIPModel
@@ -228,7 +238,9 @@ def train_clip_gate(
         scenes = world.sample_batch(rng, batch_size - n_rendered, two_shape_share)
         # World images stay sharp here: the renders bring the soft, generated look.
         world_images = common.images_to_tensor([world.render(s) for s in scenes])
-        r_images, r_captions, r_negatives = _rendered_batch(renders, rng, n_rendered)
+        r_images, r_captions, r_negatives = _rendered_batch(
+            renders, rng, n_rendered, matched_caption
+        )
         images = torch.cat(
             [world_images, *([common.images_to_tensor(r_images)] if r_images else [])]
         )
