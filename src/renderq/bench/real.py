@@ -144,9 +144,9 @@ class RealBench:
         ``interleave=(size, every)``: each time the mode has rendered ``every * size``
         images, one batch of ``size`` runs straight through the executor (its seconds land
         in ``last.reference_s``), so the reference costs about ``1 / every`` of the mode's
-        own time whatever its batch sizes. Their time is kept off the engine's clock, so the mode's
-        latencies and makespan are as if they had not run. Not for the server scenario,
-        whose arrivals follow the wall clock.
+        own time whatever its batch sizes. Their time is kept off the engine's clock, so
+        the mode's latencies and makespan are as if they had not run. Not for the server
+        scenario, whose arrivals follow the wall clock.
         """
         rec = Recording()
         executor: Executor = self.executor
