@@ -45,6 +45,7 @@ def test_real_offline_bench_and_its_simulator_replay(
         assert ratio == pytest.approx(limit / m["reference_images_per_second"])
         # Two reference batches before, two after, and at least one between its batches.
         assert len(m["reference_batch_s"]) >= 5 and min(m["reference_batch_s"]) > 0
+        assert m["efficiency_paired"] > 0
     for row in report["compare_sim"]:
         # Same arrivals and replayed QA outcomes: the simulator renders exactly as much.
         assert row["renders"]["real"] == row["renders"]["sim"]

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from renderq.bench.harness import Scenario
+from renderq.bench.harness import Scenario, paired_efficiency
 from renderq.bench.real import RealBench, _Interleaved
 from renderq.core.errors import ConfigError
 from renderq.core.policies import Window
@@ -55,6 +55,8 @@ def test_a_reference_batch_follows_each_interval_of_images_and_stays_off_the_clo
     assert is_ref == [False, False, True] * 3
     assert [len(ids) for ids in ex.log] == [2, 2, 4] * 3
     assert len(bench.last.reference_s) == 3
+    # What the mode rendered before each reference batch (0.001 s per image here).
+    assert bench.last.stretches == [(4, pytest.approx(0.004))] * 3
     # Each reference batch is new requests, never one of the mode's.
     refs = [ids for ids, r in zip(ex.log, is_ref, strict=True) if r]
     assert len({i for ids in refs for i in ids}) == 12
@@ -114,3 +116,24 @@ def test_the_interval_counts_images_not_batches() -> None:
     # (4, 8 and 12 crossed), never a batch count.
     sizes = [len(ids) for ids in ex.log]
     assert sizes == [3, 3, 2, 3, 2, 3, 2]
+    assert bench.last is not None
+    assert [images for images, _ in bench.last.stretches] == [6, 3, 3]
+
+
+def test_a_tail_after_the_last_reference_is_its_own_stretch() -> None:
+    bench = _bench(LoggingExecutor(per_image=0.0))
+    bench.run(Window(batch_size=2), Scenario("offline", 10), interleave=(4, 1))
+    assert bench.last is not None
+    assert [images for images, _ in bench.last.stretches] == [4, 4, 2]
+    assert len(bench.last.reference_s) == 2
+
+
+def test_paired_efficiency_cancels_a_slow_spell_but_not_small_batches() -> None:
+    # Two stretches of 32 images; the second ran in a spell twice as slow, and so did the
+    # reference batch next to it: full batches all along, efficiency 1.
+    assert paired_efficiency([(32, 4.0), (32, 8.0)], [2.0, 4.0], 16) == pytest.approx(1.0)
+    # A tail of small batches (8 images in 2 s where full batches take 1 s) still costs.
+    assert paired_efficiency([(32, 4.0), (8, 2.0)], [2.0, 2.0], 16) == pytest.approx(5 / 6)
+    # References beyond the stretches are ignored; nothing to pair gives None.
+    assert paired_efficiency([(16, 2.0)], [2.0, 9.0], 16) == pytest.approx(1.0)
+    assert paired_efficiency([], [2.0], 16) is None

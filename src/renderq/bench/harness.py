@@ -112,6 +112,24 @@ def efficiency(result: SimResult, limit: Limit) -> float | None:
     return None if rate is None else rate / limit.images_per_second
 
 
+def paired_efficiency(
+    stretches: Sequence[tuple[int, float]], references: Sequence[float], size: int
+) -> float | None:
+    """The mode's render seconds at its neighbours' speed over the seconds it took.
+
+    ``stretches[j]`` is (images, device-seconds) the mode rendered just before reference
+    batch ``references[j]`` (of ``size`` images). Each stretch is priced at the speed of
+    the reference batch next to it, so a machine that slows down for a while slows both
+    sides of the ratio: ``sum(images_j * references_j / size) / sum(seconds_j)``. Small
+    batches anywhere in the run, its tail included, still count against it.
+    """
+    pairs = list(zip(stretches, references, strict=False))
+    spent = sum(seconds for (_, seconds), _ in pairs)
+    if not pairs or spent <= 0 or size < 1:
+        return None
+    return sum(images * ref / size for (images, _), ref in pairs) / spent
+
+
 def utilisation(result: SimResult, workers: int = 1) -> float | None:
     """Render device-seconds over the makespan times the workers."""
     render_s = _render_seconds(result)
@@ -134,6 +152,9 @@ class ModeRun:
     """Real runs: images per device-second of the limit's batch size, timed around the run."""
     reference_batch_s: tuple[float, ...] = ()
     """Real runs: the seconds of each reference batch (the reference is from their median)."""
+    paired: float | None = None
+    """Real runs with interleaved references: each stretch of the mode's batches against the
+    reference batch timed right after it (see :func:`paired_efficiency`)."""
 
     @property
     def efficiency_reference(self) -> float | None:
@@ -154,6 +175,7 @@ class ModeRun:
             meets_p99_bound=self.meets_p99,
             reference_images_per_second=self.reference,
             reference_batch_s=list(self.reference_batch_s),
+            efficiency_paired=self.paired,
             efficiency_against_reference=self.efficiency_reference,
             throughput_accepted_per_s=(
                 self.result.accepted / self.result.makespan_s if self.result.makespan_s else None

@@ -55,6 +55,9 @@ class Recording:
     """Scoring and rendering took turns on one device class."""
     reference_s: list[float] = field(default_factory=list)
     """Device-seconds of the reference batches run between the mode's own batches."""
+    stretches: list[tuple[int, float]] = field(default_factory=list)
+    """Images and render device-seconds of the mode before each reference batch, in order;
+    with interleaving, a last entry holds what it rendered after the last one."""
 
     def arrivals(self) -> tuple[Arrival, ...]:
         """The submit times as a trace, in request-id order (ids are ``r0000000``...)."""
@@ -155,10 +158,10 @@ class RealBench:
             if scenario.name == "server":
                 raise ConfigError("reference batches cannot interleave a server scenario")
             size, every = interleave
-            executor = _Interleaved(
+            interleaved = _Interleaved(
                 self.executor, every * size, partial(self._one_reference, size, rec.reference_s)
             )
-            clock = executor.clock
+            executor, clock, rec.stretches = interleaved, interleaved.clock, interleaved.stretches
         sched = Scheduler(
             policy,
             qa=QAPolicy(self.threshold, self.max_attempts, enabled=self.qa),
@@ -204,6 +207,8 @@ class RealBench:
             feeder.start()
             engine.run(until_idle=False)
             feeder.join()
+        if isinstance(executor, _Interleaved):
+            executor.close_stretch()
         self.last = rec
         return self._result(policy, sched, rec)
 
@@ -259,6 +264,15 @@ class _Interleaved:
         self._paused = 0.0
         self._since: float | None = None
         self._rendered = 0
+        self._stretch = (0, 0.0)
+        self.stretches: list[tuple[int, float]] = []
+        """Images and device-seconds rendered before each reference batch (then the rest)."""
+
+    def close_stretch(self) -> None:
+        """Record what was rendered since the last reference batch (the run's tail)."""
+        if self._stretch[0]:
+            self.stretches.append(self._stretch)
+            self._stretch = (0, 0.0)
 
     def clock(self) -> float:
         """Monotonic seconds, not counting the reference batches."""
@@ -270,8 +284,11 @@ class _Interleaved:
         """Render ``batch``; then, once ``images`` more images are done, a reference batch."""
         result = self.inner.run(batch)
         self._rendered += batch.size
+        images, seconds = self._stretch
+        self._stretch = (images + batch.size, seconds + result.device_seconds)
         if self._rendered >= self.images:
             self._rendered -= self.images
+            self.close_stretch()
             with self._lock:
                 self._since = time.monotonic()
             try:

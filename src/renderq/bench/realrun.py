@@ -8,7 +8,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from renderq.bench.fidelity import Fidelity, calibrated_profile, replay
-from renderq.bench.harness import Limit, ModeRun, Scenario, efficiency, utilisation
+from renderq.bench.harness import (
+    Limit,
+    ModeRun,
+    Scenario,
+    efficiency,
+    paired_efficiency,
+    utilisation,
+)
 from renderq.bench.model_profile import ProfileSettings, profile_loaded
 from renderq.bench.real import RealBench
 from renderq.core.cost import Profile
@@ -129,7 +136,10 @@ def run_real(
         fail = 1 - sum(first) / len(first) if first else 0.0
         p99 = result.percentile(99)
         meets = None if scenario.p99_bound_s is None or p99 is None else p99 <= scenario.p99_bound_s
-        timed = (*before, *rec.reference_s, *bench.direct_batches(size, 2, first=3_000_000))
+        after = bench.direct_batches(size, 2, first=3_000_000)
+        timed = (*before, *rec.reference_s, *after)
+        # The tail (after the last interleaved reference) pairs with the first batch after.
+        paired = paired_efficiency(rec.stretches, [*rec.reference_s, after[0]], size)
         runs.append(
             ModeRun(
                 name,
@@ -140,6 +150,7 @@ def run_real(
                 meets,
                 size / statistics.median(timed),
                 timed,
+                paired if every else None,
             )
         )
         if compare_sim:

@@ -42,11 +42,14 @@ def markdown(runs: Sequence[ModeRun], limit: Limit, title: str) -> str:
         lines += [
             "",
             f"Against the reference (batch {limit.batch_size} timed straight through the "
-            "executor before, after and between each mode's batches; median): "
+            "executor before, after and between each mode's batches; their median, and "
+            "paired: each stretch of the mode priced at the reference batch right after it): "
             + "; ".join(
                 f"{r.mode} {_f(r.efficiency_reference, '.3f')} "
                 f"(reference {r.reference:.3f} images/s, {len(r.reference_batch_s)} batches "
-                f"{min(r.reference_batch_s):.2f}-{max(r.reference_batch_s):.2f} s)"
+                f"{min(r.reference_batch_s):.2f}-{max(r.reference_batch_s):.2f} s"
+                + ("" if r.paired is None else f"; paired {r.paired:.3f}")
+                + ")"
                 for r in refs
             )
             + ".",
