@@ -42,8 +42,9 @@ def markdown(runs: Sequence[ModeRun], limit: Limit, title: str) -> str:
         lines += [
             "",
             f"Against the reference (batch {limit.batch_size} timed straight through the "
-            "executor before, after and between each mode's batches; their median, and "
-            "paired: each stretch of the mode priced at the reference batch right after it): "
+            "executor before and after each mode and, outside the server scenario, between "
+            "its batches; their median, and paired: each stretch of the mode priced at the "
+            "reference batch right after it): "
             + "; ".join(
                 f"{r.mode} {_f(r.efficiency_reference, '.3f')} "
                 f"(reference {r.reference:.3f} images/s, {len(r.reference_batch_s)} batches "
