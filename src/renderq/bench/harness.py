@@ -12,11 +12,12 @@ render throughput per device-second (every attempt counts, regenerations too) di
 that limit: 1.0 means every batch ran at the best size. Its **utilisation** is render
 device-seconds over the makespan times the workers: how busy the device was kept.
 
-A real run also times the limit's batch size straight through the executor before, after
-and in between each mode's own batches (the **reference**), and reports the mode's
-efficiency against that as well: a machine whose speed drifts between the profile and the
-run, or during it (a shared or throttled one), moves the profile's limit, not the
-reference timed alongside the mode.
+A real run also times the limit's batch size straight through the executor before and
+after each mode and, outside the server scenario, in between its own batches (the
+**reference**), and reports the mode's efficiency against that as well: a machine whose
+speed drifts between the profile and the run, or during it (a shared or throttled one),
+moves the profile's limit, not the reference timed alongside the mode. **Paired**
+efficiency prices each stretch of the mode at the reference batch timed right after it.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ from renderq.engine.arrivals import Arrival, arrivals
 from renderq.engine.sim import SimConfig, SimResult, simulate
 
 SCENARIOS = ("offline", "server", "single-stream")
+
+REFERENCE_EVERY = 2
+"""Real runs: one reference batch per this many limit-sized batches' worth of mode images."""
 
 
 @dataclass(frozen=True, slots=True)

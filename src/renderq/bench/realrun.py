@@ -9,6 +9,7 @@ from typing import Any
 
 from renderq.bench.fidelity import Fidelity, calibrated_profile, replay
 from renderq.bench.harness import (
+    REFERENCE_EVERY,
     Limit,
     ModeRun,
     Scenario,
@@ -41,10 +42,6 @@ class RealSettings:
     qa: bool = True
     score_batch_size: int = 32
     profile_repeats: int = 2
-
-
-REFERENCE_EVERY = 2
-"""Real runs: one reference batch per this many limit-sized batches' worth of mode images."""
 
 
 def shipped_prompts() -> list[str]:

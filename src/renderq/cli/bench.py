@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from renderq.bench.harness import (
+    REFERENCE_EVERY,
     Limit,
     Scenario,
     capacity_rate,
@@ -69,7 +70,7 @@ def bench_command(
             "executor each time the mode has rendered N such batches' worth of images "
             "(0: only before and after the mode)."
         ),
-    ] = 2,
+    ] = REFERENCE_EVERY,
     out: Annotated[Path | None, typer.Option(help="Write bench.json, bench.md, plots.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON report.")] = False,
 ) -> None:
