@@ -77,9 +77,10 @@ def test_the_clock_freezes_while_a_reference_batch_runs() -> None:
     seen: list[float] = []
     started = threading.Event()
 
-    def reference() -> None:
+    def reference() -> float:
         started.set()
         time.sleep(0.2)
+        return 0.2
 
     inter = _Interleaved(_Noop(), 1, reference)
 
@@ -105,7 +106,7 @@ def test_bad_interleave_settings_are_refused_by_name() -> None:
     with pytest.raises(ConfigError, match="server"):
         bench.run(Window(batch_size=2), Scenario("server", 4, rate=1.0), interleave=(4, 2))
     with pytest.raises(ConfigError, match="interval >= 1 image, got 0"):
-        _Interleaved(LoggingExecutor(0.0), 0, lambda: None)
+        _Interleaved(LoggingExecutor(0.0), 0, lambda: 0.0)
 
 
 def test_the_interval_counts_images_not_batches() -> None:

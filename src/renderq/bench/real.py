@@ -8,6 +8,7 @@ fails exactly the attempts that failed for real).
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -158,10 +159,14 @@ class RealBench:
             if scenario.name == "server":
                 raise ConfigError("reference batches cannot interleave a server scenario")
             size, every = interleave
+            firsts = itertools.count(2_000_000, size)  # request ids the mode never uses
             interleaved = _Interleaved(
-                self.executor, every * size, partial(self._one_reference, size, rec.reference_s)
+                self.executor,
+                every * size,
+                lambda: self.direct_batches(size, 1, next(firsts))[0],
             )
-            executor, clock, rec.stretches = interleaved, interleaved.clock, interleaved.stretches
+            executor, clock = interleaved, interleaved.clock
+            rec.reference_s, rec.stretches = interleaved.reference_s, interleaved.stretches
         sched = Scheduler(
             policy,
             qa=QAPolicy(self.threshold, self.max_attempts, enabled=self.qa),
@@ -212,10 +217,6 @@ class RealBench:
         self.last = rec
         return self._result(policy, sched, rec)
 
-    def _one_reference(self, size: int, seconds: list[float]) -> None:
-        first = 2_000_000 + len(seconds) * size
-        seconds += self.direct_batches(size, 1, first)
-
     @staticmethod
     def _feed(
         engine: RealtimeEngine, arrivals: Sequence[Arrival], submit: Any, all_done: threading.Event
@@ -253,7 +254,7 @@ class _Interleaved:
     one runs), for the engine, so the mode's own timeline is not stretched by them.
     """
 
-    def __init__(self, inner: Executor, images: int, reference: Callable[[], None]) -> None:
+    def __init__(self, inner: Executor, images: int, reference: Callable[[], float]) -> None:
         if images < 1:
             raise ConfigError(f"reference batches need an interval >= 1 image, got {images}")
         self.inner = inner
@@ -267,6 +268,8 @@ class _Interleaved:
         self._stretch = (0, 0.0)
         self.stretches: list[tuple[int, float]] = []
         """Images and device-seconds rendered before each reference batch (then the rest)."""
+        self.reference_s: list[float] = []
+        """Device-seconds of each reference batch, as ``reference`` returned them."""
 
     def close_stretch(self) -> None:
         """Record what was rendered since the last reference batch (the run's tail)."""
@@ -292,7 +295,7 @@ class _Interleaved:
             with self._lock:
                 self._since = time.monotonic()
             try:
-                self.reference()
+                self.reference_s.append(self.reference())
             finally:
                 with self._lock:
                     assert self._since is not None

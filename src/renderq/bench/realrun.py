@@ -147,7 +147,7 @@ def run_real(
                 meets,
                 size / statistics.median(timed),
                 timed,
-                paired if every else None,
+                paired,
             )
         )
         if compare_sim:
