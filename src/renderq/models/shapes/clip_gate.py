@@ -158,8 +158,9 @@ def render_training_set(pipeline_dir: Path, n: int, cache: Path, batch: int = 16
                     images.append(image)
                     kept.append(prompt)
             print(f"[clip-gate] rendered {min(n, i + batch)}/{n}", flush=True)
-        common.save_checkpoint(cache, {"images": np.stack(images), "prompts": kept, "rendered": n})
-    labelled = label_renders(np.stack(images), kept)
+        data = {"images": np.stack(images), "prompts": kept, "rendered": n}
+        common.save_checkpoint(cache, data)
+    labelled = label_renders(np.asarray(data["images"]), list(data["prompts"]))
     share = float(np.mean(labelled["matched"]))
     print(f"[clip-gate] {len(kept)} renders, oracle match {share:.1%}", flush=True)
     return {**labelled, "rendered": max(done, n)}
