@@ -209,6 +209,7 @@ def gate_figures(
     threshold = calibrate_threshold(judge.scores(cal_images, cal_prompts), cal_truth)
     scores = judge.scores([r["image"] for r in records], [r["prompt"] for r in records])
     truth = np.array([r["ok"] for r in records])
+    two = np.array([len(world.parse_caption(r["prompt"]).shapes) == 2 for r in records])
     accept = scores >= threshold
     tp = float((accept & truth).sum())
     pos, neg = scores[truth], scores[~truth]
@@ -228,6 +229,8 @@ def gate_figures(
         "gate_agreement": float((accept == truth).mean()),
         "gate_precision": tp / max(1.0, float(accept.sum())),
         "gate_recall": tp / max(1.0, float(truth.sum())),
+        "gate_agreement_one_shape": float((accept == truth)[~two].mean()) if (~two).any() else 0.0,
+        "gate_agreement_two_shape": float((accept == truth)[two].mean()) if two.any() else 0.0,
     }
 
 
@@ -278,8 +281,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     pipe = StableDiffusionPipeline.from_pretrained(weights / "mini-sd")
     pipe.set_progress_bar_config(disable=True)
     if "oracle" not in skip:
-        with torch.no_grad():
-            read = reconstruction_oracle_rate(pipe.vae)
+        read = reconstruction_oracle_rate(pipe.vae)
         figures |= {"oracle_recon_subject": read["subject"], "oracle_recon_strict": read["strict"]}
         print(
             f"pixel oracle on 500 VAE reconstructions of known world scenes: subject right "
@@ -310,7 +312,9 @@ def main(args: argparse.Namespace) -> dict[str, float]:
             f"agreement with oracle {figures['gate_agreement']:.1%}, precision "
             f"{figures['gate_precision']:.1%}, recall {figures['gate_recall']:.1%}; oracle "
             f"pass rate {figures['gate_oracle_pass_rate']:.1%}, AUC {figures['gate_auc']:.3f}, "
-            f"best threshold in-sample {figures['gate_best_agreement']:.1%}",
+            f"best threshold in-sample {figures['gate_best_agreement']:.1%}; agreement on "
+            f"one-shape prompts {figures['gate_agreement_one_shape']:.1%}, two-shape "
+            f"{figures['gate_agreement_two_shape']:.1%}",
             flush=True,
         )
     if "timing" not in skip:
