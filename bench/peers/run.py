@@ -13,7 +13,7 @@ A second pass with the ``null`` model (blank images at once) measures each syste
 overhead per request. Install the peers first: ``pip install -e '.[peers]'``.
 
 Run: ``python bench/peers/run.py [--model embedded:mini-sd] [--rate R | --load 0.7]
-[--duration 30] [--max-batch-size 8] [--sweep 0.01,0.05,0.1] [--json]``.
+[--duration 30] [--max-batch-size 8] [--sweep 0.01,0.05,0.1] [--json] [--save F]``.
 """
 
 from __future__ import annotations
@@ -293,7 +293,8 @@ def main() -> None:
     ap.add_argument("--null-rate", type=float, default=50.0)
     ap.add_argument("--null-duration", type=float, default=10.0)
     ap.add_argument("--only-null", action="store_true", help="just the overhead pass")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print the report as JSON, no tables")
+    ap.add_argument("--save", type=Path, help="also write the report as JSON to this file")
     args = ap.parse_args()
     sweep = [float(x) for x in args.sweep.split(",")]
     systems = [s for s in args.systems.split(",") if s]
@@ -312,8 +313,10 @@ def main() -> None:
                 rows += [x.row() for x in runs]
                 chosen.append(best(runs).row())
             report[label] = {"rate": r, "requests": len(times), "sweep": rows, "best": chosen}
+    if args.save:
+        args.save.write_text(json.dumps(report, indent=2, default=str) + "\n")
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps(report, indent=2, default=str))
         return
     for label in ("model", "null"):
         if label not in report:
