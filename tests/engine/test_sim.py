@@ -115,3 +115,30 @@ def test_a_shared_device_serialises_scoring_with_rendering() -> None:
     # ...but taking turns, the run lasts every render plus every score, back to back.
     assert shared.makespan_s == pytest.approx(led["render"] + led["score"])
     assert overlap.makespan_s < shared.makespan_s - 0.5 * led["score"]
+
+
+def test_hand_off_overheads_hold_workers_but_are_not_booked() -> None:
+    base = run(Window(), 640, failure_rate=0.0, share_device=True)
+    held = run(
+        Window(),
+        640,
+        failure_rate=0.0,
+        share_device=True,
+        render_overhead_s=0.25,
+        score_overhead_s=0.1,
+    )
+    # Same batches and device-seconds: the hand-offs are not device time...
+    assert held.batch_sizes == base.batch_sizes
+    assert held.ledger.seconds == pytest.approx(base.ledger.seconds)
+    # ...but every render and every score batch holds its (shared) worker that much longer.
+    # Back to back on one device: the run lasts 0.25 s more per render batch and 0.1 s
+    # more per score batch (a whole number of them, at least one per render batch).
+    score_batches = (held.makespan_s - base.makespan_s - 0.25 * len(base.batch_sizes)) / 0.1
+    assert score_batches == pytest.approx(round(score_batches), abs=1e-6)
+    assert round(score_batches) >= len(base.batch_sizes)
+    assert held.percentile(99) > base.percentile(99)  # type: ignore[operator]
+    for bad in (-0.1, float("nan")):
+        with pytest.raises(ConfigError, match="render_overhead_s must be >= 0 seconds"):
+            SimConfig(PROFILE, (), render_overhead_s=bad)
+    with pytest.raises(ConfigError, match=r"score_overhead_s .* got -1"):
+        SimConfig(PROFILE, (), score_overhead_s=-1)

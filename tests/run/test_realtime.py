@@ -113,6 +113,10 @@ def test_a_shared_device_runs_one_stage_at_a_time_scoring_first() -> None:
         assert scored_end <= next_start
     kinds = [st.kind for st in rec.steps]
     assert kinds == ["render", "score"] * 4
+    # Each step says how long the engine held the worker: the stage's time and hand-offs.
+    for st in rec.steps:
+        assert st.held_s >= (0.05 if st.kind == "render" else 0.04)
+        assert st.held_s < 5.0
 
 
 def test_sharing_can_be_turned_off() -> None:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from renderq.bench.fidelity import Fidelity, calibrated_profile, replay
+from renderq.bench.fidelity import Fidelity, Overheads, calibrated_profile, replay
 from renderq.bench.harness import (
     REFERENCE_EVERY,
     Limit,
@@ -152,13 +152,18 @@ def run_real(
         )
         if compare_sim:
             cal = calibrated_profile(rec, profile, f"{profile.name}-calibrated")
-            sim = replay(
-                policy,
-                rec,
-                cal,
-                max_attempts=bench.max_attempts,
-                qa=bench.qa,
-                score_batch_size=bench.score_batch_size,
-            )
-            fidelity.append(Fidelity(name, result, sim).to_dict())
+            over = Overheads.of(rec)
+            sims = [
+                replay(
+                    policy,
+                    rec,
+                    cal,
+                    max_attempts=bench.max_attempts,
+                    qa=bench.qa,
+                    score_batch_size=bench.score_batch_size,
+                    overheads=o,
+                )
+                for o in (over, Overheads())
+            ]
+            fidelity.append(Fidelity(name, result, sims[0], over, sims[1]).to_dict())
     return runs, fidelity

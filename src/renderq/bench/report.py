@@ -64,14 +64,18 @@ def fidelity_table(rows: Sequence[dict[str, Any]]) -> str:
         "",
         "### Simulator against the real run (same arrivals, same QA outcomes)",
         "",
-        "| mode | device-s real | device-s sim | error | p99 real s | p99 sim s | error |",
-        "|---|---|---|---|---|---|---|",
+        "| mode | device-s real | device-s sim | error | p99 real s | p99 sim s | error "
+        "| hand-offs ms render / score | p99 sim without them s | error |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        d, p = r["device_seconds"], r["p99_s"]
+        d, p, o = r["device_seconds"], r["p99_s"], r["overheads_s"]
         lines.append(
             f"| {r['mode']} | {d['real']:.2f} | {d['sim']:.2f} | {_pct(d['rel_error'])} | "
-            f"{_f(p['real'], '.2f')} | {_f(p['sim'], '.2f')} | {_pct(p['rel_error'])} |"
+            f"{_f(p['real'], '.2f')} | {_f(p['sim'], '.2f')} | {_pct(p['rel_error'])} | "
+            f"{o['render'] * 1e3:.1f} / {o['score'] * 1e3:.1f} | "
+            f"{_f(p['sim_without_overheads'], '.2f')} | "
+            f"{_pct(p['rel_error_without_overheads'])} |"
         )
     return "\n".join(lines) + "\n"
 

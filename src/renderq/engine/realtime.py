@@ -48,7 +48,9 @@ class Step:
 
     ``kind`` is ``"render"`` or ``"score"``. For a render step ``batch`` and ``render``
     are set; for a score step ``scored`` holds the attempts scored and ``score`` the
-    result. ``images`` maps request ids to the images scored in this step.
+    result. ``images`` maps request ids to the images scored in this step. ``held_s``:
+    the engine's seconds from handing the batch to its worker to this step, the device's
+    time on it plus the hand-offs either side (what a simulator must hold a worker for).
     """
 
     kind: str
@@ -59,6 +61,7 @@ class Step:
     scored: tuple[Request, ...] = ()
     score: ScoreResult | None = None
     images: Mapping[str, Any] = field(default_factory=dict)
+    held_s: float = 0.0
 
 
 class Listener(Protocol):
@@ -78,6 +81,7 @@ class _ScoreJob:
     requests: list[Request]
     images: list[Any]
     tries: int = 0
+    sent: float = 0.0
 
 
 _RENDERED, _SCORED, _SCORE_FAILED, _CALL = "rendered", "scored", "score_failed", "call"
@@ -130,6 +134,7 @@ class RealtimeEngine:
         self._shared = scorer.device_class if (shares and share_device is not False) else None
         self._to_score: deque[tuple[Request, Any]] = deque()
         self._retry: deque[_ScoreJob] = deque()
+        self._sent: dict[int, float] = {}  # render batch id -> when its worker got it
         self._stop = threading.Event()
 
     @property
@@ -218,6 +223,7 @@ class RealtimeEngine:
         for batch in self.scheduler.schedule(self.now(), free):
             self._free[batch.key.device_class] -= 1
             self.listener.started(batch)
+            self._sent[batch.id] = self.now()
             self._render_q[batch.key.device_class].put(batch)
 
     def _dispatch_score(self) -> None:
@@ -234,6 +240,7 @@ class RealtimeEngine:
         else:
             return
         self._scorer_busy = True
+        job.sent = self.now()
         self._score_q.put(job)
 
     def _handle(self, msg: tuple[str, Any]) -> None:
@@ -271,7 +278,8 @@ class RealtimeEngine:
             if isinstance(ev, ToScore):
                 self._to_score.append((ev.request, ev.image))
         rows = _delta(before, self.scheduler.ledger)
-        self.listener.step(Step("render", events, rows, batch=batch, render=result))
+        held = self.now() - self._sent.pop(batch.id, self.now())
+        self.listener.step(Step("render", events, rows, batch=batch, render=result, held_s=held))
 
     def _on_scored(self, job: _ScoreJob, result: ScoreResult) -> None:
         before = _snapshot(self.scheduler.ledger)
@@ -280,7 +288,15 @@ class RealtimeEngine:
         rows = _delta(before, self.scheduler.ledger)
         images = dict(zip(ids, job.images, strict=True))
         self.listener.step(
-            Step("score", events, rows, scored=tuple(job.requests), score=result, images=images)
+            Step(
+                "score",
+                events,
+                rows,
+                scored=tuple(job.requests),
+                score=result,
+                images=images,
+                held_s=self.now() - job.sent,
+            )
         )
 
     # -- workers ------------------------------------------------------------------------

@@ -62,12 +62,20 @@ class SimConfig:
     #: Scorer and renderers share the device and take turns, scoring first, as the real
     #: engine does when the scorer's device class renders too; default: they overlap.
     share_device: bool = False
+    #: Seconds a worker stays held per render or score batch beyond its device-seconds
+    #: (the real engine's hand-offs, measured by ``--compare-sim``); not booked.
+    render_overhead_s: float = 0.0
+    score_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.render_workers < 1:
             raise ConfigError(f"render workers must be >= 1, got {self.render_workers}")
         if self.streams is not None and self.streams < 1:
             raise ConfigError(f"streams must be >= 1, got {self.streams}")
+        for name in ("render_overhead_s", "score_overhead_s"):
+            value = getattr(self, name)
+            if not value >= 0:
+                raise ConfigError(f"{name} must be >= 0 seconds, got {value}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,12 +200,15 @@ class _Loop:
         if not self.scorer_busy and self.to_score:
             cap = min(self.cfg.profile.score.cap(), self.cfg.score_batch_size or 1 << 30)
             reqs = [self.to_score.popleft() for _ in range(min(cap, len(self.to_score)))]
+            held = 0.0
             if self.cfg.qa:
                 result = self.scorer.score(reqs)
+                held = self.cfg.score_overhead_s
             else:  # no gate: nothing is scored, nothing costs scorer time
                 result = ScoreResult((None,) * len(reqs), 0.0, self.scorer.device_class)
             self.scorer_busy = True
-            self.push(now + result.device_seconds, _SCORED, ([r.id for r in reqs], result))
+            held += result.device_seconds
+            self.push(now + held, _SCORED, ([r.id for r in reqs], result))
 
     def start(self, batch: Batch, now: float) -> None:
         self.free -= 1
@@ -206,7 +217,8 @@ class _Loop:
             self.renders += 1
             self.rerenders += r.attempt > 0
         result = self.executor.run(batch)
-        self.push(now + result.device_seconds, _RENDERED, (batch, result))
+        held = result.device_seconds + self.cfg.render_overhead_s
+        self.push(now + held, _RENDERED, (batch, result))
 
 
 def profile_key(profile: Profile) -> BatchKey:
