@@ -1,13 +1,13 @@
-"""The simulator replay of a real run: the engine's hand-offs, measured and replayed."""
+"""The simulator replay of a real run: calibrated from the run's batches, speed and hand-offs."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
-from renderq.bench.fidelity import Fidelity, Overheads, calibrated_profile, replay
+from renderq.bench.fidelity import Calibration, Fidelity, calibrated_profile, replay, speed_trace
 from renderq.bench.harness import Scenario
 from renderq.bench.real import RealBench, Recording
 from renderq.bench.report import fidelity_table
@@ -16,51 +16,87 @@ from renderq.core.types import Batch, BatchResult, ItemResult
 from renderq.profiles import load_profile
 from tests.run.test_realtime import KEY, SlowScorer
 
+REPLAY = {"max_attempts": 3, "qa": True, "score_batch_size": 32}
+
 
 @dataclass
 class UnderReporting:
-    """Holds the worker ``wall`` seconds per batch but reports ``booked`` device-seconds."""
+    """Books ``booked`` device-seconds per batch (``slow`` times that from batch
+    ``slow_from`` on) but holds the worker ``hand_off`` seconds longer."""
 
-    wall: float
     booked: float
+    hand_off: float
+    slow: float = 1.0
+    slow_from: int = 1 << 30
     device_class: str = "cpu"
+    seen: list[int] = field(default_factory=list)
 
     def run(self, batch: Batch) -> BatchResult:
-        time.sleep(self.wall)
+        seconds = self.booked * (self.slow if len(self.seen) >= self.slow_from else 1.0)
+        self.seen.append(batch.size)
+        time.sleep(seconds + self.hand_off)
         items = tuple(ItemResult(r.id, image=(r.id, r.attempt)) for r in batch.requests)
-        return BatchResult(batch.id, items, self.booked, self.device_class)
+        return BatchResult(batch.id, items, seconds, self.device_class)
 
 
-def test_overheads_are_the_median_gap_and_never_negative() -> None:
+def test_hand_offs_are_the_median_gap_and_never_negative() -> None:
     rec = Recording(
         render_held=[(1.0, 1.2), (1.0, 1.05), (2.0, 2.1)],
         score_held=[(0.5, 0.4), (0.5, 0.45), (0.5, 0.52)],
     )
-    over = Overheads.of(rec)
-    assert over.render_s == pytest.approx(0.1)
-    assert over.score_s == 0.0  # median gap -0.05: a clock's noise, not a negative cost
-    assert Overheads.of(Recording()) == Overheads()
+    cal = Calibration.of(rec)
+    assert cal.render_overhead_s == pytest.approx(0.1)
+    assert cal.score_overhead_s == 0.0  # median gap -0.05: a clock's noise, not a cost
+    assert Calibration.of(Recording()) == Calibration()
 
 
-def test_a_real_run_measures_what_device_seconds_leave_out_and_the_replay_holds_it() -> None:
-    # Each batch holds the worker 60 ms but books 10 ms: 50 ms the engine must account for.
-    bench = RealBench(UnderReporting(0.06, 0.01), SlowScorer(0.005), KEY, ["p"], 0.5)
+def test_the_speed_trace_is_each_batch_over_its_sizes_median_by_start_time() -> None:
+    rec = Recording(
+        batches=[(2, 1.0), (2, 1.0), (4, 2.0), (2, 1.5), (4, 3.0)],
+        render_started=[0.0, 1.0, 2.0, 4.0, 5.5],
+    )
+    # Medians: size 2 -> 1.0, size 4 -> 2.5.
+    trace = speed_trace(rec)
+    assert [t for t, _ in trace] == [0.0, 1.0, 2.0, 4.0, 5.5]
+    assert [f for _, f in trace] == pytest.approx([1.0, 1.0, 0.8, 1.5, 1.2])
+
+
+def test_a_replay_holds_hand_offs_and_slow_spells_the_medians_cannot_know() -> None:
+    # Every batch books 10 ms and holds the worker 10 ms more; from the 5th batch on it
+    # books twice as much.
+    bench = RealBench(UnderReporting(0.01, 0.01, slow=2.0, slow_from=4), SlowScorer(0.002),
+                      KEY, ["p"], 0.5)  # fmt: skip
     policy = Window(batch_size=2)
-    real = bench.run(policy, Scenario("server", 16, rate=200.0))
+    real = bench.run(policy, Scenario("server", 16, rate=400.0))
     rec = bench.last
-    assert rec is not None and len(rec.render_held) == len(real.batch_sizes)
-    over = Overheads.of(rec)
-    assert 0.045 < over.render_s < 0.5
-    assert 0.0 <= over.score_s < 0.5
+    assert rec is not None and len(rec.render_held) == len(real.batch_sizes) >= 8
+    cal = Calibration.of(rec)
+    assert 0.009 < cal.render_overhead_s < 0.5
+    assert 0.0 <= cal.score_overhead_s < 0.5
+    # A batch of the slow spell is twice as slow as an early one of the same size.
+    for size in {n for n, _ in rec.batches}:
+        steps = [
+            (i, f)
+            for i, ((n, _), (_, f)) in enumerate(zip(rec.batches, cal.speed, strict=True))
+            if n == size
+        ]
+        early, late = [f for i, f in steps if i < 4], [f for i, f in steps if i >= 4]
+        if early and late:
+            assert min(late) / max(early) == pytest.approx(2.0, rel=0.2)
     profile = calibrated_profile(rec, load_profile("mini-sd-cpu"), "calibrated")
-    kw = {"max_attempts": 3, "qa": True, "score_batch_size": 32}
-    sim = replay(policy, rec, profile, overheads=over, **kw)  # type: ignore[arg-type]
-    bare = replay(policy, rec, profile, **kw)  # type: ignore[arg-type]
-    # Booked device-seconds agree either way; only the replay with hand-offs lasts as long.
-    assert sim.ledger.seconds["render"] == pytest.approx(real.ledger.seconds["render"])
-    assert bare.makespan_s < 0.5 * real.makespan_s < sim.makespan_s
-    row = Fidelity("window", real, sim, over, bare).to_dict()
-    assert row["overheads_s"] == {"render": over.render_s, "score": over.score_s}
-    assert row["p99_s"]["sim_without_overheads"] == bare.percentile(99)
-    assert abs(row["p99_s"]["rel_error"]) < abs(row["p99_s"]["rel_error_without_overheads"])
-    assert f"{over.render_s * 1e3:.1f} / " in fidelity_table([row])
+    sim = replay(policy, rec, profile, calibration=cal, **REPLAY)  # type: ignore[arg-type]
+    plain = replay(policy, rec, profile, **REPLAY)  # type: ignore[arg-type]
+    # With the speed trace the booked device-seconds come out near the run's own (a trace
+    # of eight batches of two sizes is coarse)...
+    assert sim.ledger.seconds["render"] == pytest.approx(real.ledger.seconds["render"], rel=0.15)
+    # ...and the replay lasts about as long as the run; on medians alone, much less.
+    assert sim.makespan_s == pytest.approx(real.makespan_s, rel=0.15)
+    assert plain.makespan_s < 0.8 * real.makespan_s
+    row = Fidelity("window", real, sim, cal, plain).to_dict()
+    assert row["calibration"]["render_overhead_s"] == cal.render_overhead_s
+    assert row["calibration"]["speed_steps"] == len(real.batch_sizes)
+    assert row["p99_s"]["sim_medians_only"] == plain.percentile(99)
+    p99 = row["p99_s"]
+    assert abs(p99["rel_error"]) < 0.15 and p99["rel_error_medians_only"] < -0.25
+    table = fidelity_table([row])
+    assert f"{cal.render_overhead_s * 1e3:.1f} / " in table and "p99 medians only" in table

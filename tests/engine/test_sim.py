@@ -142,3 +142,20 @@ def test_hand_off_overheads_hold_workers_but_are_not_booked() -> None:
             SimConfig(PROFILE, (), render_overhead_s=bad)
     with pytest.raises(ConfigError, match=r"score_overhead_s .* got -1"):
         SimConfig(PROFILE, (), score_overhead_s=-1)
+
+
+def test_a_speed_trace_slows_the_batches_cut_in_a_slow_spell() -> None:
+    base = run(Window(), 640, failure_rate=0.0)
+    # Twice as slow from the first render's end on: every later batch costs double.
+    first = PROFILE.render.latency(base.batch_sizes[0])
+    slow = run(Window(), 640, failure_rate=0.0, speed=((0.0, 1.0), (first, 2.0)))
+    assert slow.batch_sizes == base.batch_sizes
+    render = base.ledger.seconds["render"]
+    assert slow.ledger.seconds["render"] == pytest.approx(2 * render - first)
+    # A trace's first step holds before it, too.
+    early = run(Window(), 640, failure_rate=0.0, speed=((1e9, 0.5),))
+    assert early.ledger.seconds["render"] == pytest.approx(0.5 * render)
+    with pytest.raises(ConfigError, match="speed factors must be finite and > 0, got 0"):
+        SimConfig(PROFILE, (), speed=((0.0, 0.0),))
+    with pytest.raises(ConfigError, match=r"ascending: 1\.0 after 2\.0"):
+        SimConfig(PROFILE, (), speed=((2.0, 1.0), (1.0, 1.0)))

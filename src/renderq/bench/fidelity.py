@@ -1,13 +1,21 @@
 """Simulator fidelity: replay a real run in the simulator and compare the two.
 
-The simulator gets the real run's own arrival times and QA outcomes, a profile
-calibrated from the real run's batches (median device-seconds per batch size seen, for
-rendering and for scoring), and the engine's hand-off time per batch: the median of how
-long the engine held a worker for a batch beyond the batch's device-seconds (the worker
-thread picking it up, the result coming back to the loop). Device-seconds alone leave
-that out, and a device kept busy by many small batches queues on it. What is left to
-compare is the scheduling and the cost model: device-seconds and p99 latency, with their
-relative errors; the p99 of a replay without the hand-offs is reported beside.
+The simulator gets the real run's own arrival times and QA outcomes, and a calibration
+from the run itself:
+
+- a profile: the median device-seconds per batch size seen, for rendering and scoring;
+- the machine's speed over the run: each real render batch's seconds over its size's
+  median, as a step from when that batch started to when the next one did. A simulated
+  batch cut at time t takes its size's median times the factor in force at t. A shared
+  or drifting machine has slow spells a profile of medians cannot know; queues, and so
+  the latency tail, grow in them;
+- the engine's hand-off time per batch: the median of how long the engine held a worker
+  beyond the batch's device-seconds (the worker picking the batch up, the result coming
+  back to the loop), held in the simulation too but not booked.
+
+What is left to compare is the scheduling and the cost model: device-seconds and p99
+latency, with their relative errors. A replay on the medians alone (no speed trace, no
+hand-offs) is reported beside, as a profile measured beforehand would predict the run.
 """
 
 from __future__ import annotations
@@ -34,17 +42,42 @@ def _median_gap(held: Sequence[tuple[float, float]]) -> float:
     return max(0.0, statistics.median(h - d for d, h in held)) if held else 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class Overheads:
-    """Seconds the engine held a worker per batch beyond the batch's device-seconds."""
+def speed_trace(rec: Recording) -> tuple[tuple[float, float], ...]:
+    """``(start, seconds / median seconds of its size)`` per real render batch, by start."""
+    medians = {int(n): s for n, s in _points(rec.batches)}
+    steps = [
+        (t, max(secs, 1e-9) / medians[n])
+        for t, (n, secs) in zip(rec.render_started, rec.batches, strict=True)
+    ]
+    return tuple(sorted(steps))
 
-    render_s: float = 0.0
-    score_s: float = 0.0
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """What a real run says about the machine beyond its cost curve."""
+
+    render_overhead_s: float = 0.0
+    """Median seconds a render worker was held per batch beyond the batch's device-seconds."""
+    score_overhead_s: float = 0.0
+    """The same for the scorer."""
+    speed: tuple[tuple[float, float], ...] = ()
+    """The machine's speed over the run (see :func:`speed_trace`)."""
 
     @classmethod
-    def of(cls, rec: Recording) -> Overheads:
-        """The medians over a real run's render and score batches (never negative)."""
-        return cls(_median_gap(rec.render_held), _median_gap(rec.score_held))
+    def of(cls, rec: Recording) -> Calibration:
+        """A real run's hand-offs (medians, never negative) and speed trace."""
+        return cls(_median_gap(rec.render_held), _median_gap(rec.score_held), speed_trace(rec))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The hand-offs, and the speed trace's size and range."""
+        factors = [f for _, f in self.speed]
+        return {
+            "render_overhead_s": self.render_overhead_s,
+            "score_overhead_s": self.score_overhead_s,
+            "speed_steps": len(factors),
+            "speed_min": min(factors, default=None),
+            "speed_max": max(factors, default=None),
+        }
 
 
 def calibrated_profile(rec: Recording, like: Profile, name: str) -> Profile:
@@ -67,42 +100,42 @@ def calibrated_profile(rec: Recording, like: Profile, name: str) -> Profile:
     )
 
 
+def _err(real: float | None, sim: float | None) -> float | None:
+    if real is None or sim is None or real == 0:
+        return None
+    return (sim - real) / real
+
+
 @dataclass(frozen=True, slots=True)
 class Fidelity:
-    """Real against simulated, for one mode."""
+    """Real against simulated, for one mode (and against a replay on medians alone)."""
 
     mode: str
     real: SimResult
     sim: SimResult
-    overheads: Overheads = Overheads()
-    sim_without_overheads: SimResult | None = None
-
-    @staticmethod
-    def _err(real: float | None, sim: float | None) -> float | None:
-        if real is None or sim is None or real == 0:
-            return None
-        return (sim - real) / real
+    calibration: Calibration = Calibration()
+    medians_only: SimResult | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Both sides and the relative errors (sim - real) / real."""
-        rs, ss = self.real.ledger.total_seconds, self.sim.ledger.total_seconds
-        rp, sp = self.real.percentile(99), self.sim.percentile(99)
-        bare = self.sim_without_overheads
-        bp = bare.percentile(99) if bare is not None else None
-        return {
-            "mode": self.mode,
-            "device_seconds": {"real": rs, "sim": ss, "rel_error": self._err(rs, ss)},
-            "p99_s": {
-                "real": rp,
-                "sim": sp,
-                "rel_error": self._err(rp, sp),
-                "sim_without_overheads": bp,
-                "rel_error_without_overheads": self._err(rp, bp),
-            },
-            "overheads_s": {"render": self.overheads.render_s, "score": self.overheads.score_s},
-            "mean_batch_size": {"real": self.real.mean_batch_size, "sim": self.sim.mean_batch_size},
-            "renders": {"real": self.real.renders, "sim": self.sim.renders},
+        out: dict[str, Any] = {"mode": self.mode}
+        for name, get in (
+            ("device_seconds", lambda r: r.ledger.total_seconds),
+            ("p99_s", lambda r: r.percentile(99)),
+        ):
+            real, sim = get(self.real), get(self.sim)
+            row = {"real": real, "sim": sim, "rel_error": _err(real, sim)}
+            if self.medians_only is not None:
+                plain = get(self.medians_only)
+                row |= {"sim_medians_only": plain, "rel_error_medians_only": _err(real, plain)}
+            out[name] = row
+        out["calibration"] = self.calibration.to_dict()
+        out["mean_batch_size"] = {
+            "real": self.real.mean_batch_size,
+            "sim": self.sim.mean_batch_size,
         }
+        out["renders"] = {"real": self.real.renders, "sim": self.sim.renders}
+        return out
 
 
 def replay(
@@ -113,12 +146,12 @@ def replay(
     max_attempts: int,
     qa: bool,
     score_batch_size: int,
-    overheads: Overheads = Overheads(),
+    calibration: Calibration = Calibration(),
 ) -> SimResult:
     """Simulate a recorded run: same arrivals, same QA outcomes, calibrated costs.
 
     Scoring and rendering take turns in the simulation exactly when they did in the run;
-    ``overheads`` hold each worker that much longer per batch (not booked as device time).
+    ``calibration`` adds the run's speed trace and hand-offs (none: medians alone).
     """
     cfg = SimConfig(
         profile,
@@ -129,7 +162,8 @@ def replay(
         outcomes=rec.outcomes,
         score_batch_size=score_batch_size,
         share_device=rec.shared_device,
-        render_overhead_s=overheads.render_s,
-        score_overhead_s=overheads.score_s,
+        render_overhead_s=calibration.render_overhead_s,
+        score_overhead_s=calibration.score_overhead_s,
+        speed=calibration.speed,
     )
     return simulate(policy, cfg)

@@ -56,6 +56,8 @@ class Recording:
     """Scoring and rendering took turns on one device class."""
     render_held: list[tuple[float, float]] = field(default_factory=list)
     """Each render batch's device-seconds and the seconds the engine held its worker."""
+    render_started: list[float] = field(default_factory=list)
+    """When each render batch went to its worker (engine seconds), in step order."""
     score_held: list[tuple[float, float]] = field(default_factory=list)
     """The same for each score batch."""
     reference_s: list[float] = field(default_factory=list)
@@ -85,6 +87,7 @@ class _Recorder:
         if step.render is not None and step.batch is not None:
             self.rec.batches.append((step.batch.size, step.render.device_seconds))
             self.rec.render_held.append((step.render.device_seconds, step.held_s))
+            self.rec.render_started.append(now - step.held_s)
         if step.score is not None and step.scored:
             self.rec.scores.append((len(step.scored), step.score.device_seconds))
             self.rec.score_held.append((step.score.device_seconds, step.held_s))

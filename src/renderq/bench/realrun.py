@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from renderq.bench.fidelity import Fidelity, Overheads, calibrated_profile, replay
+from renderq.bench.fidelity import Calibration, Fidelity, calibrated_profile, replay
 from renderq.bench.harness import (
     REFERENCE_EVERY,
     Limit,
@@ -152,7 +152,7 @@ def run_real(
         )
         if compare_sim:
             cal = calibrated_profile(rec, profile, f"{profile.name}-calibrated")
-            over = Overheads.of(rec)
+            calibration = Calibration.of(rec)
             sims = [
                 replay(
                     policy,
@@ -161,9 +161,9 @@ def run_real(
                     max_attempts=bench.max_attempts,
                     qa=bench.qa,
                     score_batch_size=bench.score_batch_size,
-                    overheads=o,
+                    calibration=c,
                 )
-                for o in (over, Overheads())
+                for c in (calibration, Calibration())
             ]
-            fidelity.append(Fidelity(name, result, sims[0], over, sims[1]).to_dict())
+            fidelity.append(Fidelity(name, result, sims[0], calibration, sims[1]).to_dict())
     return runs, fidelity

@@ -30,7 +30,7 @@ from renderq.core.scheduler import Scheduler
 from renderq.core.stats import percentile
 from renderq.core.types import TERMINAL, Batch, BatchKey, Request, RequestState, ScoreResult
 from renderq.engine.arrivals import Arrival
-from renderq.executors.simulated import SimulatedExecutor, SimulatedScorer
+from renderq.executors.simulated import SimulatedExecutor, SimulatedScorer, check_speed
 
 _ARRIVE, _RENDERED, _SCORED, _WAKE = range(4)
 
@@ -66,6 +66,9 @@ class SimConfig:
     #: (the real engine's hand-offs, measured by ``--compare-sim``); not booked.
     render_overhead_s: float = 0.0
     score_overhead_s: float = 0.0
+    #: The machine's speed over the run, ``(t, factor)`` steps scaling each render batch
+    #: by when it is cut (see SimulatedExecutor); a replayed run's own, or none.
+    speed: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.render_workers < 1:
@@ -76,6 +79,7 @@ class SimConfig:
             value = getattr(self, name)
             if not value >= 0:
                 raise ConfigError(f"{name} must be >= 0 seconds, got {value}")
+        check_speed(self.speed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +253,7 @@ def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
     loop = _Loop(
         cfg,
         sched,
-        SimulatedExecutor(profile.render, profile.device_class, rng, cfg.jitter),
+        SimulatedExecutor(profile.render, profile.device_class, rng, cfg.jitter, cfg.speed),
         SimulatedScorer(
             profile.score,
             profile.device_class,

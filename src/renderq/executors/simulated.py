@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import bisect
+import math
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from renderq.core.cost import StageCost
 from renderq.core.errors import ConfigError
@@ -16,21 +18,49 @@ def _check_fraction(name: str, value: float) -> None:
         raise ConfigError(f"{name} must be in [0, 1], got {value}")
 
 
+def check_speed(speed: Sequence[tuple[float, float]]) -> None:
+    """A speed trace's times must be finite and ascending, its factors finite and > 0."""
+    last = -math.inf
+    for t, factor in speed:
+        if not (math.isfinite(t) and t >= last):
+            raise ConfigError(f"speed trace times must be finite and ascending: {t} after {last}")
+        if not (math.isfinite(factor) and factor > 0):
+            raise ConfigError(f"speed factors must be finite and > 0, got {factor} at t={t}")
+        last = t
+
+
 @dataclass(slots=True)
 class SimulatedExecutor:
-    """Takes ``cost.latency(n)`` device-seconds per batch, times ``1 + U(-jitter, jitter)``."""
+    """Takes ``cost.latency(n)`` device-seconds per batch, times ``1 + U(-jitter, jitter)``.
+
+    ``speed``: ``(t, factor)`` steps of the machine's speed over the run (a replayed run's
+    own: each real batch's seconds over its size's median); a batch cut at time ``t``
+    takes ``factor`` times as long, the factor of the last step at or before ``t`` (the
+    first step's before it).
+    """
 
     cost: StageCost
     device_class: str
     rng: random.Random
     jitter: float = 0.0
+    speed: Sequence[tuple[float, float]] = ()
+    _times: list[float] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         _check_fraction("jitter", self.jitter)
+        check_speed(self.speed)
+        self._times = [t for t, _ in self.speed]
+
+    def slowdown(self, t: float) -> float:
+        """The speed trace's factor at time ``t`` (1 without a trace)."""
+        if not self.speed:
+            return 1.0
+        i = max(0, bisect.bisect_right(self._times, t) - 1)
+        return self.speed[i][1]
 
     def run(self, batch: Batch) -> BatchResult:
         """Every item renders (its image is the request id); time comes from the cost model."""
-        seconds = self.cost.latency(batch.size)
+        seconds = self.cost.latency(batch.size) * self.slowdown(batch.created_at)
         if self.jitter:
             seconds *= 1.0 + self.rng.uniform(-self.jitter, self.jitter)
         items = tuple(ItemResult(r.id, image=r.id) for r in batch.requests)
