@@ -13,7 +13,8 @@ A second pass with the ``null`` model (blank images at once) measures each syste
 overhead per request. Install the peers first: ``pip install -e '.[peers]'``.
 
 Run: ``python bench/peers/run.py [--model embedded:mini-sd] [--rate R | --load 0.7]
-[--duration 30] [--max-batch-size 8] [--sweep 0.01,0.05,0.1] [--json] [--save F]``.
+[--duration 30] [--max-batch-size 8] [--sweep 0.01,0.05,0.1] [--null-sweep ...] [--json]
+[--save F]``.
 """
 
 from __future__ import annotations
@@ -292,6 +293,7 @@ def main() -> None:
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--null-rate", type=float, default=50.0)
     ap.add_argument("--null-duration", type=float, default=10.0)
+    ap.add_argument("--null-sweep", help="timeouts for the null pass (default: --sweep)")
     ap.add_argument("--only-null", action="store_true", help="just the overhead pass")
     ap.add_argument("--json", action="store_true", help="print the report as JSON, no tables")
     ap.add_argument("--save", type=Path, help="also write the report as JSON to this file")
@@ -301,15 +303,16 @@ def main() -> None:
     report: dict[str, Any] = {"settings": vars(args)}
     with tempfile.TemporaryDirectory(prefix="renderq-peers-") as tmp:
         root = Path(tmp)
-        passes = [("null", "null", args.null_rate, args.null_duration)]
+        null_sweep = [float(x) for x in (args.null_sweep or args.sweep).split(",")]
+        passes = [("null", "null", args.null_rate, args.null_duration, null_sweep)]
         if not args.only_null:
             rate = args.rate or args.load * capacity(args, root)
-            passes.insert(0, ("model", args.model, rate, args.duration))
-        for label, model, r, duration in passes:
+            passes.insert(0, ("model", args.model, rate, args.duration, sweep))
+        for label, model, r, duration, timeouts in passes:
             times = trace(r, duration, args.max_requests, seed=1)
             rows, chosen = [], []
             for system in systems:
-                runs = [measure(system, model, s, r, times, args, root) for s in sweep]
+                runs = [measure(system, model, s, r, times, args, root) for s in timeouts]
                 rows += [x.row() for x in runs]
                 chosen.append(best(runs).row())
             report[label] = {"rate": r, "requests": len(times), "sweep": rows, "best": chosen}
@@ -323,9 +326,10 @@ def main() -> None:
             continue
         part = report[label]
         title = args.model if label == "model" else "null model (pure overhead)"
+        timeouts = args.sweep if label == "model" else (args.null_sweep or args.sweep)
         print(
             f"\n{title}: {part['requests']} Poisson arrivals at {part['rate']:.2f}/s, "
-            f"max batch {args.max_batch_size}, best timeout of {args.sweep} s per system"
+            f"max batch {args.max_batch_size}, best timeout of {timeouts} s per system"
         )
         print(
             "| system | timeout s | served/s | p50 s | p99 s | device-s/image | mean batch "
