@@ -7,14 +7,17 @@ batching timeout is the best (lowest p99) of a small sweep, not its default alon
 
 - renderq: ``max_queue_delay_s`` (timer from the oldest queued request)
 - Ray Serve ``@serve.batch``: ``batch_wait_timeout_s`` (timer from the batch's first request)
-- LitServe: ``batch_timeout``
+- LitServe: ``batch_timeout`` (timer from when its worker starts collecting a batch, idle
+  or not, so a request that arrives into a window already open waits only its rest)
 
 A second pass with the ``null`` model (blank images at once) measures each system's own
-overhead per request. Install the peers first: ``pip install -e '.[peers]'``.
+overhead per request. ``--repeat N`` runs every system and setting N times, each round
+starting at the next system, and reports medians (and p99's range), so that a slow spell of
+the machine does not decide the order. Install the peers first: ``pip install -e '.[peers]'``.
 
 Run: ``python bench/peers/run.py [--model embedded:mini-sd] [--rate R | --load 0.7]
-[--duration 30] [--max-batch-size 8] [--sweep 0.01,0.05,0.1] [--null-sweep ...] [--json]
-[--save F]``.
+[--duration 30] [--max-batch-size 8] [--sweep 0.01,0.05,0.1] [--null-sweep ...] [--repeat N]
+[--json] [--save F]``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import os
 import random
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -273,10 +277,22 @@ def capacity(args: argparse.Namespace, root: Path) -> float:
         server.stop()
 
 
-def best(runs: list[Run]) -> Run:
-    """Lowest p99 among runs that served everything (then highest throughput)."""
-    full = [r for r in runs if r.errors == 0] or runs
-    return min(full, key=lambda r: (r.pct(99), -len(r.latencies)))
+def summary(runs: list[Run]) -> dict[str, Any]:
+    """One system at one setting over the rounds: medians, errors summed, p99's range."""
+    rows = [r.row() for r in runs]
+    out = dict(rows[0])
+    for k in ("served", "served_per_s", "p50_s", "p99_s", "device_s_per_image", "mean_batch"):
+        out[k] = statistics.median(x[k] for x in rows)
+    out["errors"] = sum(x["errors"] for x in rows)
+    out["rounds"] = len(rows)
+    out["p99_range_s"] = [min(x["p99_s"] for x in rows), max(x["p99_s"] for x in rows)]
+    return out
+
+
+def best(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Lowest (median) p99 among settings that served everything (then most throughput)."""
+    full = [r for r in summaries if r["errors"] == 0] or summaries
+    return min(full, key=lambda r: (r["p99_s"], -r["served_per_s"]))
 
 
 def main() -> None:
@@ -295,9 +311,18 @@ def main() -> None:
     ap.add_argument("--null-duration", type=float, default=10.0)
     ap.add_argument("--null-sweep", help="timeouts for the null pass (default: --sweep)")
     ap.add_argument("--only-null", action="store_true", help="just the overhead pass")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds of every system and setting (each round starts at the next system); "
+        "each system is reported at its setting of lowest median p99",
+    )
     ap.add_argument("--json", action="store_true", help="print the report as JSON, no tables")
     ap.add_argument("--save", type=Path, help="also write the report as JSON to this file")
     args = ap.parse_args()
+    if args.repeat < 1:
+        ap.error(f"--repeat must be >= 1, got {args.repeat}")
     sweep = [float(x) for x in args.sweep.split(",")]
     systems = [s for s in args.systems.split(",") if s]
     report: dict[str, Any] = {"settings": vars(args)}
@@ -310,11 +335,14 @@ def main() -> None:
             passes.insert(0, ("model", args.model, rate, args.duration, sweep))
         for label, model, r, duration, timeouts in passes:
             times = trace(r, duration, args.max_requests, seed=1)
-            rows, chosen = [], []
-            for system in systems:
-                runs = [measure(system, model, s, r, times, args, root) for s in timeouts]
-                rows += [x.row() for x in runs]
-                chosen.append(best(runs).row())
+            runs: dict[tuple[str, float], list[Run]] = {}
+            for k in range(args.repeat):
+                for system in systems[k % len(systems) :] + systems[: k % len(systems)]:
+                    for s in timeouts:
+                        got = measure(system, model, s, r, times, args, root)
+                        runs.setdefault((system, s), []).append(got)
+            rows = [dict(x.row(), round=i) for rs in runs.values() for i, x in enumerate(rs)]
+            chosen = [best([summary(runs[(sy, s)]) for s in timeouts]) for sy in systems]
             report[label] = {"rate": r, "requests": len(times), "sweep": rows, "best": chosen}
     if args.save:
         args.save.write_text(json.dumps(report, indent=2, default=str) + "\n")
@@ -329,18 +357,20 @@ def main() -> None:
         timeouts = args.sweep if label == "model" else (args.null_sweep or args.sweep)
         print(
             f"\n{title}: {part['requests']} Poisson arrivals at {part['rate']:.2f}/s, "
-            f"max batch {args.max_batch_size}, best timeout of {timeouts} s per system"
+            f"max batch {args.max_batch_size}, best timeout of {timeouts} s per system, "
+            f"medians of {args.repeat} round(s)"
         )
         print(
-            "| system | timeout s | served/s | p50 s | p99 s | device-s/image | mean batch "
-            "| errors |"
+            "| system | timeout s | served/s | p50 s | p99 s | p99 range s | device-s/image "
+            "| mean batch | errors |"
         )
-        print("|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|")
         for x in part["best"]:
+            lo, hi = x["p99_range_s"]
             print(
                 f"| {x['system']} | {x['setting_s']} | {x['served_per_s']:.2f} | "
-                f"{x['p50_s']:.4f} | {x['p99_s']:.4f} | {x['device_s_per_image']:.4f} | "
-                f"{x['mean_batch']:.2f} | {x['errors']} |"
+                f"{x['p50_s']:.4f} | {x['p99_s']:.4f} | {lo:.4f}-{hi:.4f} | "
+                f"{x['device_s_per_image']:.4f} | {x['mean_batch']:.2f} | {x['errors']} |"
             )
 
 
