@@ -56,9 +56,22 @@ def test_the_speed_trace_is_each_batch_over_its_sizes_median_by_start_time() -> 
         render_started=[0.0, 1.0, 2.0, 4.0, 5.5],
     )
     # Medians: size 2 -> 1.0, size 4 -> 2.5.
-    trace = speed_trace(rec)
+    trace = speed_trace(rec, window=1)
     assert [t for t, _ in trace] == [0.0, 1.0, 2.0, 4.0, 5.5]
     assert [f for _, f in trace] == pytest.approx([1.0, 1.0, 0.8, 1.5, 1.2])
+    # A running median of three: [1, 1], [1, 1, .8], [1, .8, 1.5], [.8, 1.5, 1.2], [1.5, 1.2].
+    assert [f for _, f in speed_trace(rec, window=3)] == pytest.approx([1, 1, 1, 1.2, 1.35])
+    with pytest.raises(ValueError, match="got 0"):
+        speed_trace(rec, window=0)
+
+
+def test_the_default_trace_drops_a_lone_slow_batch_but_keeps_a_slow_spell() -> None:
+    lone = [1.0] * 5 + [3.0] + [1.0] * 5
+    spell = [1.0] * 5 + [2.0] * 4 + [1.0] * 5
+    for secs, slow in ((lone, []), (spell, [5, 6, 7, 8])):
+        rec = Recording(batches=[(1, s) for s in secs], render_started=list(range(len(secs))))
+        factors = [f for _, f in speed_trace(rec)]
+        assert [i for i, f in enumerate(factors) if f > 1.5] == slow
 
 
 def test_a_replay_holds_hand_offs_and_slow_spells_the_medians_cannot_know() -> None:

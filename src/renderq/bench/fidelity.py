@@ -5,10 +5,10 @@ from the run itself:
 
 - a profile: the median device-seconds per batch size seen, for rendering and scoring;
 - the machine's speed over the run: each real render batch's seconds over its size's
-  median, as a step from when that batch started to when the next one did. A simulated
-  batch cut at time t takes its size's median times the factor in force at t. A shared
-  or drifting machine has slow spells a profile of medians cannot know; queues, and so
-  the latency tail, grow in them;
+  median, smoothed by a running median over five batches, as a step from when that batch
+  started to when the next one did. A simulated batch cut at time t takes its size's
+  median times the factor in force at t. A shared or drifting machine has slow spells a
+  profile of medians cannot know; queues, and so the latency tail, grow in them;
 - the engine's hand-off time per batch: the median of how long the engine held a worker
   beyond the batch's device-seconds (the worker picking the batch up, the result coming
   back to the loop), held in the simulation too but not booked.
@@ -21,7 +21,7 @@ hand-offs) is reported beside, as a profile measured beforehand would predict th
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,14 +42,25 @@ def _median_gap(held: Sequence[tuple[float, float]]) -> float:
     return max(0.0, statistics.median(h - d for d, h in held)) if held else 0.0
 
 
-def speed_trace(rec: Recording) -> tuple[tuple[float, float], ...]:
-    """``(start, seconds / median seconds of its size)`` per real render batch, by start."""
+SPEED_WINDOW = 5
+"""Batches in the running median that smooths the speed trace: a slow spell lasts several
+batches; one slow batch alone is noise, and its factor would land on whichever simulated
+batch (of whatever size) is cut while it holds."""
+
+
+def speed_trace(rec: Recording, window: int = SPEED_WINDOW) -> tuple[tuple[float, float], ...]:
+    """``(start, factor)`` per real render batch, by start: the running median (over
+    ``window`` batches centred on it) of each batch's seconds over its size's median."""
+    if window < 1:
+        raise ValueError(f"the speed window must be >= 1 batch, got {window}")
     medians = {int(n): s for n, s in _points(rec.batches)}
-    steps = [
-        (t, max(secs, 1e-9) / medians[n])
-        for t, (n, secs) in zip(rec.render_started, rec.batches, strict=True)
-    ]
-    return tuple(sorted(steps))
+    order = sorted(range(len(rec.batches)), key=lambda i: rec.render_started[i])
+    raw = [max(rec.batches[i][1], 1e-9) / medians[rec.batches[i][0]] for i in order]
+    half = window // 2
+    return tuple(
+        (rec.render_started[i], statistics.median(raw[max(0, k - half) : k + half + 1]))
+        for k, i in enumerate(order)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,10 +130,11 @@ class Fidelity:
     def to_dict(self) -> dict[str, Any]:
         """Both sides and the relative errors (sim - real) / real."""
         out: dict[str, Any] = {"mode": self.mode}
-        for name, get in (
+        measures: tuple[tuple[str, Callable[[SimResult], float | None]], ...] = (
             ("device_seconds", lambda r: r.ledger.total_seconds),
             ("p99_s", lambda r: r.percentile(99)),
-        ):
+        )
+        for name, get in measures:
             real, sim = get(self.real), get(self.sim)
             row = {"real": real, "sim": sim, "rel_error": _err(real, sim)}
             if self.medians_only is not None:
