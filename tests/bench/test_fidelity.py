@@ -11,6 +11,7 @@ from renderq.bench.fidelity import Calibration, Fidelity, calibrated_profile, re
 from renderq.bench.harness import Scenario
 from renderq.bench.real import RealBench, Recording
 from renderq.bench.report import fidelity_table
+from renderq.core.errors import ConfigError
 from renderq.core.policies import Window
 from renderq.core.types import Batch, BatchResult, ItemResult
 from renderq.profiles import load_profile
@@ -61,7 +62,7 @@ def test_the_speed_trace_is_each_batch_over_its_sizes_median_by_start_time() -> 
     assert [f for _, f in trace] == pytest.approx([1.0, 1.0, 0.8, 1.5, 1.2])
     # A running median of three: [1, 1], [1, 1, .8], [1, .8, 1.5], [.8, 1.5, 1.2], [1.5, 1.2].
     assert [f for _, f in speed_trace(rec, window=3)] == pytest.approx([1, 1, 1, 1.2, 1.35])
-    with pytest.raises(ValueError, match="got 0"):
+    with pytest.raises(ConfigError, match="speed window must be >= 1 batch, got 0"):
         speed_trace(rec, window=0)
 
 

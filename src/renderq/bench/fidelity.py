@@ -15,7 +15,7 @@ from the run itself:
 
 What is left to compare is the scheduling and the cost model: device-seconds and p99
 latency, with their relative errors. A replay on the medians alone (no speed trace, no
-hand-offs) is reported beside, as a profile measured beforehand would predict the run.
+hand-offs) is reported beside: the best a profile, which holds medians, can do.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Any
 
 from renderq.bench.real import Recording
 from renderq.core.cost import Profile
+from renderq.core.errors import ConfigError
 from renderq.core.policies import Policy
 from renderq.engine.sim import SimConfig, SimResult, simulate
 
@@ -52,7 +53,7 @@ def speed_trace(rec: Recording, window: int = SPEED_WINDOW) -> tuple[tuple[float
     """``(start, factor)`` per real render batch, by start: the running median (over
     ``window`` batches centred on it) of each batch's seconds over its size's median."""
     if window < 1:
-        raise ValueError(f"the speed window must be >= 1 batch, got {window}")
+        raise ConfigError(f"the speed window must be >= 1 batch, got {window}")
     medians = {int(n): s for n, s in _points(rec.batches)}
     order = sorted(range(len(rec.batches)), key=lambda i: rec.render_started[i])
     raw = [max(rec.batches[i][1], 1e-9) / medians[rec.batches[i][0]] for i in order]
