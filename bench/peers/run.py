@@ -343,7 +343,13 @@ def main() -> None:
                         runs.setdefault((system, s), []).append(got)
             rows = [dict(x.row(), round=i) for rs in runs.values() for i, x in enumerate(rs)]
             chosen = [best([summary(runs[(sy, s)]) for s in timeouts]) for sy in systems]
-            report[label] = {"rate": r, "requests": len(times), "sweep": rows, "best": chosen}
+            report[label] = {
+                "rate": r,
+                "requests": len(times),
+                "timeouts_s": timeouts,
+                "sweep": rows,
+                "best": chosen,
+            }
     if args.save:
         args.save.write_text(json.dumps(report, indent=2, default=str) + "\n")
     if args.json:
@@ -354,10 +360,10 @@ def main() -> None:
             continue
         part = report[label]
         title = args.model if label == "model" else "null model (pure overhead)"
-        timeouts = args.sweep if label == "model" else (args.null_sweep or args.sweep)
         print(
             f"\n{title}: {part['requests']} Poisson arrivals at {part['rate']:.2f}/s, "
-            f"max batch {args.max_batch_size}, best timeout of {timeouts} s per system, "
+            f"max batch {args.max_batch_size}, best timeout of "
+            f"{','.join(map(str, part['timeouts_s']))} s per system, "
             f"medians of {args.repeat} round(s)"
         )
         print(

@@ -42,8 +42,11 @@ class UnderReporting:
 
 def test_hand_offs_are_the_median_gap_and_never_negative() -> None:
     rec = Recording(
-        render_held=[(1.0, 1.2), (1.0, 1.05), (2.0, 2.1)],
-        score_held=[(0.5, 0.4), (0.5, 0.45), (0.5, 0.52)],
+        batches=[(2, 1.0), (2, 1.0), (4, 2.0)],
+        render_held=[1.2, 1.05, 2.1],
+        render_started=[0.0, 1.2, 2.3],
+        scores=[(2, 0.5), (2, 0.5), (4, 0.5)],
+        score_held=[0.4, 0.45, 0.52],
     )
     cal = Calibration.of(rec)
     assert cal.render_overhead_s == pytest.approx(0.1)

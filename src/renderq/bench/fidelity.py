@@ -39,8 +39,10 @@ def _points(pairs: Sequence[tuple[int, float]]) -> list[list[float]]:
     return [[n, max(statistics.median(v), 1e-9)] for n, v in sorted(by.items())]
 
 
-def _median_gap(held: Sequence[tuple[float, float]]) -> float:
-    return max(0.0, statistics.median(h - d for d, h in held)) if held else 0.0
+def _median_gap(batches: Sequence[tuple[int, float]], held: Sequence[float]) -> float:
+    """Median of held seconds minus device-seconds over batches (never negative)."""
+    gaps = [h - secs for (_, secs), h in zip(batches, held, strict=True)]
+    return max(0.0, statistics.median(gaps)) if gaps else 0.0
 
 
 SPEED_WINDOW = 5
@@ -78,7 +80,11 @@ class Calibration:
     @classmethod
     def of(cls, rec: Recording) -> Calibration:
         """A real run's hand-offs (medians, never negative) and speed trace."""
-        return cls(_median_gap(rec.render_held), _median_gap(rec.score_held), speed_trace(rec))
+        return cls(
+            _median_gap(rec.batches, rec.render_held),
+            _median_gap(rec.scores, rec.score_held),
+            speed_trace(rec),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The hand-offs, and the speed trace's size and range."""

@@ -54,12 +54,12 @@ class Recording:
     escalated: int = 0
     shared_device: bool = False
     """Scoring and rendering took turns on one device class."""
-    render_held: list[tuple[float, float]] = field(default_factory=list)
-    """Each render batch's device-seconds and the seconds the engine held its worker."""
+    render_held: list[float] = field(default_factory=list)
+    """Seconds the engine held the worker for each render batch (``batches``' order)."""
     render_started: list[float] = field(default_factory=list)
     """When each render batch went to its worker (engine seconds), in step order."""
-    score_held: list[tuple[float, float]] = field(default_factory=list)
-    """The same for each score batch."""
+    score_held: list[float] = field(default_factory=list)
+    """The same for each score batch (``scores``' order)."""
     reference_s: list[float] = field(default_factory=list)
     """Device-seconds of the reference batches run between the mode's own batches."""
     stretches: list[tuple[int, float]] = field(default_factory=list)
@@ -86,11 +86,11 @@ class _Recorder:
         now = self.engine.now() if self.engine else 0.0
         if step.render is not None and step.batch is not None:
             self.rec.batches.append((step.batch.size, step.render.device_seconds))
-            self.rec.render_held.append((step.render.device_seconds, step.held_s))
+            self.rec.render_held.append(step.held_s)
             self.rec.render_started.append(now - step.held_s)
         if step.score is not None and step.scored:
             self.rec.scores.append((len(step.scored), step.score.device_seconds))
-            self.rec.score_held.append((step.score.device_seconds, step.held_s))
+            self.rec.score_held.append(step.held_s)
         for ev in step.events:
             attempt = ev.history[-1].attempt if ev.history else ev.request.attempt
             if isinstance(ev, Accepted):

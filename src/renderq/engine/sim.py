@@ -204,14 +204,13 @@ class _Loop:
         if not self.scorer_busy and self.to_score:
             cap = min(self.cfg.profile.score.cap(), self.cfg.score_batch_size or 1 << 30)
             reqs = [self.to_score.popleft() for _ in range(min(cap, len(self.to_score)))]
-            held = 0.0
             if self.cfg.qa:
                 result = self.scorer.score(reqs)
-                held = self.cfg.score_overhead_s
+                held = result.device_seconds + self.cfg.score_overhead_s
             else:  # no gate: nothing is scored, nothing costs scorer time
                 result = ScoreResult((None,) * len(reqs), 0.0, self.scorer.device_class)
+                held = 0.0
             self.scorer_busy = True
-            held += result.device_seconds
             self.push(now + held, _SCORED, ([r.id for r in reqs], result))
 
     def start(self, batch: Batch, now: float) -> None:
