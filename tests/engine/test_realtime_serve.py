@@ -66,3 +66,34 @@ def test_calls_submit_from_other_threads_while_the_loop_keeps_running() -> None:
     engine.stop()
     loop.join(timeout=10)
     assert not loop.is_alive() and sorted(listener.accepted) == [f"r{i}" for i in range(5)]
+
+
+class TickingClock:
+    """A clock that moves ``step`` seconds every time it is read (a slow, busy thread)."""
+
+    def __init__(self, step: float) -> None:
+        self.t, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.t += self.step
+        return self.t
+
+
+@pytest.mark.parametrize("step", [0.01, 0.05])
+def test_a_timer_that_runs_out_between_two_clock_reads_still_cuts_the_batch(step: float) -> None:
+    # The loop once read the clock for ``schedule`` and again for ``next_wakeup``: when the
+    # oldest request's delay ran out in between, neither cut it nor set a timer, and a lone
+    # request waited for the next arrival (for ever, if none came).
+    sched = Scheduler(Dynamic(0.1, 4), qa=QAPolicy(threshold=0.5))
+    listener = Collect()
+    engine = RealtimeEngine(
+        sched, {"cpu": NullExecutor()}, PassScorer(), listener, clock=TickingClock(step)
+    )
+    engine.submit(Request("r0", "a red circle", KEY))
+    loop = threading.Thread(target=engine.run, daemon=True)
+    loop.start()
+    loop.join(timeout=10)
+    stuck = loop.is_alive()
+    engine.stop()
+    assert not stuck, f"the lone request was never cut (clock step {step})"
+    assert listener.accepted == ["r0"]

@@ -184,10 +184,14 @@ class RealtimeEngine:
             t.start()
         try:
             while not self._stop.is_set():
-                self._dispatch()
+                # One reading of the clock for cutting and for the timer: with two, a delay
+                # that ran out between them was neither cut nor timed, and the request
+                # waited for the next message.
+                now = self.now()
+                self._dispatch(now)
                 if until_idle and self._finished():
                     return
-                wake = self.scheduler.next_wakeup(self.now())
+                wake = self.scheduler.next_wakeup(now)
                 timeout = None if wake is None else max(0.0, wake - self.now())
                 try:
                     msg = self._inbox.get(timeout=timeout)
@@ -215,12 +219,12 @@ class RealtimeEngine:
             and all(n == 1 for n in self._free.values())
         )
 
-    def _dispatch(self) -> None:
+    def _dispatch(self, now: float) -> None:
         self._dispatch_score()
         free = dict(self._free)
         if self._shared is not None and self._scorer_busy:
             free[self._shared] = 0  # the scorer holds the device; renders wait their turn
-        for batch in self.scheduler.schedule(self.now(), free):
+        for batch in self.scheduler.schedule(now, free):
             self._free[batch.key.device_class] -= 1
             self.listener.started(batch)
             self._sent[batch.id] = self.now()
