@@ -57,7 +57,7 @@ def _png_b64(image: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def tenant(request: Request) -> str:
+async def tenant(request: Request) -> str:
     """The caller's tenant from its bearer token (everyone is ``local`` without tokens)."""
     cfg = request.app.state.service.config
     if not cfg.auth_enabled:
@@ -118,7 +118,7 @@ def create_app(service: RenderService) -> FastAPI:
         )
 
     @app.post("/v1/images/generations", response_model=GenerationResponse, responses=_ERRORS)
-    async def generate(body: GenerationRequest, who: Tenant) -> GenerationResponse:
+    async def generate(body: GenerationRequest, who: Tenant) -> Response:
         """Render ``n`` images of one prompt, gated by CLIP unless ``qa`` is false."""
         if body.model is not None and body.model != cfg.model:
             raise ConfigError(f"model {body.model!r} is not served here; this serves {cfg.model!r}")
@@ -135,10 +135,9 @@ def create_app(service: RenderService) -> FastAPI:
             qa=body.qa,
         )
         results = await service.generate(reqs, body.deadline_s)
-        return GenerationResponse(
-            created=int(time.time()),
-            data=[await asyncio.to_thread(_image_data, r, body.prompt) for r in results],
-        )
+        data = await asyncio.to_thread(lambda: [_image_data(r, body.prompt) for r in results])
+        out = GenerationResponse(created=int(time.time()), data=data)
+        return Response(out.model_dump_json(), media_type="application/json")
 
     @app.post("/v1/jobs", response_model=JobStatus, status_code=202, responses=_ERRORS)
     async def create_job(body: JobCreate, who: Tenant) -> JobStatus:
