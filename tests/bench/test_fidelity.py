@@ -13,6 +13,7 @@ from renderq.bench.real import RealBench, Recording
 from renderq.bench.report import fidelity_table
 from renderq.core.errors import ConfigError
 from renderq.core.policies import Window
+from renderq.core.stats import quantile_ci_ranks
 from renderq.core.types import Batch, BatchResult, ItemResult
 from renderq.profiles import load_profile
 from tests.run.test_realtime import KEY, SlowScorer
@@ -115,5 +116,12 @@ def test_a_replay_holds_hand_offs_and_slow_spells_the_medians_cannot_know() -> N
     assert row["p99_s"]["sim_medians_only"] == plain.percentile(99)
     p99 = row["p99_s"]
     assert abs(p99["rel_error"]) < 0.15 and p99["rel_error_medians_only"] < -0.25
+    # Sixteen requests bound the real p99 from below only (its 15th of 16 latencies).
+    ci = p99["real_ci"]
+    lo, hi = quantile_ci_ranks(16, 0.99)
+    assert (lo, hi) == (15, None) and ci["confidence"] == 0.95 and ci["high"] is None
+    assert ci["low"] == sorted(real.latencies)[lo - 1]
+    assert p99["sim_in_real_ci"] == (p99["sim"] >= ci["low"])
     table = fidelity_table([row])
     assert f"{cal.render_overhead_s * 1e3:.1f} / " in table and "p99 medians only" in table
+    assert f"| {ci['low']:.2f}-open |" in table and "real p99 95% CI" in table

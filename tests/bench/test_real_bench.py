@@ -56,6 +56,9 @@ def test_real_offline_bench_and_its_simulator_replay(
         assert row["calibration"]["speed_steps"] == round(batches)
         assert row["calibration"]["speed_min"] <= 1.0 <= row["calibration"]["speed_max"]
         assert row["p99_s"]["sim_medians_only"] > 0
+        ci = row["p99_s"]["real_ci"]
+        assert ci["low"] is not None and ci["low"] <= row["p99_s"]["real"]
+        assert isinstance(row["p99_s"]["sim_in_real_ci"], bool)
     table = (tmp_path / "bench.md").read_text()
     assert "Simulator against the real run" in table and "Against the reference" in table
-    assert "p99 medians only" in table
+    assert "p99 medians only" in table and "real p99 95% CI" in table

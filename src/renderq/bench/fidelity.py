@@ -16,6 +16,11 @@ from the run itself:
 What is left to compare is the scheduling and the cost model: device-seconds and p99
 latency, with their relative errors. A replay on the medians alone (no speed trace, no
 hand-offs) is reported beside: the best a profile, which holds medians, can do.
+
+The real p99 is one sample of a noisy statistic, so the report carries its distribution-free
+95% confidence interval (order statistics, see ``renderq.core.stats.percentile_ci``) and
+whether the simulated p99 falls inside it. With 200 requests the interval has no upper end
+(all 200 may lie below the true p99); a few hundred more give it one.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from renderq.bench.real import Recording
 from renderq.core.cost import Profile
 from renderq.core.errors import ConfigError
 from renderq.core.policies import Policy
+from renderq.core.stats import percentile_ci
 from renderq.engine.sim import SimConfig, SimResult, simulate
 
 
@@ -44,6 +50,9 @@ def _median_gap(batches: Sequence[tuple[int, float]], held: Sequence[float]) -> 
     gaps = [h - secs for (_, secs), h in zip(batches, held, strict=True)]
     return max(0.0, statistics.median(gaps)) if gaps else 0.0
 
+
+REAL_P99_CONFIDENCE = 0.95
+"""Confidence of the interval reported around the real run's p99."""
 
 SPEED_WINDOW = 5
 """Batches in the running median that smooths the speed trace: a slow spell lasts several
@@ -148,6 +157,16 @@ class Fidelity:
                 plain = get(self.medians_only)
                 row |= {"sim_medians_only": plain, "rel_error_medians_only": _err(real, plain)}
             out[name] = row
+        # The real p99 is itself a sample: within its confidence interval, a simulated p99
+        # differs from it by no more than another run of the same trace might.
+        lo, hi = percentile_ci(self.real.latencies, 99, REAL_P99_CONFIDENCE)
+        sim_p99 = self.sim.percentile(99)
+        out["p99_s"]["real_ci"] = {"confidence": REAL_P99_CONFIDENCE, "low": lo, "high": hi}
+        out["p99_s"]["sim_in_real_ci"] = (
+            None
+            if sim_p99 is None or lo is None
+            else lo <= sim_p99 and (hi is None or sim_p99 <= hi)
+        )
         out["calibration"] = self.calibration.to_dict()
         out["mean_batch_size"] = {
             "real": self.real.mean_batch_size,

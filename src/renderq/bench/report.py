@@ -65,23 +65,38 @@ def fidelity_table(rows: Sequence[dict[str, Any]]) -> str:
         "### Simulator against the real run (same arrivals, same QA outcomes)",
         "",
         "Calibrated from the run: medians per batch size, the machine's speed over the run "
-        "and the engine's hand-offs; *medians only* leaves out the last two.",
+        "and the engine's hand-offs; *medians only* leaves out the last two. The real p99's "
+        "95% interval (order statistics; open above when too few requests lie past it) "
+        "says how far another run of the same trace could land.",
         "",
-        "| mode | device-s real | device-s sim | error | p99 real s | p99 sim s | error "
-        "| p99 medians only s | error | speed range | hand-offs ms render / score |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| mode | device-s real | device-s sim | error | p99 real s | real p99 95% CI s "
+        "| p99 sim s | error | sim in CI | p99 medians only s | error | speed range "
+        "| hand-offs ms render / score |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         d, p, c = r["device_seconds"], r["p99_s"], r["calibration"]
         speed = "-" if c["speed_min"] is None else f"{c['speed_min']:.2f}-{c['speed_max']:.2f}"
         lines.append(
             f"| {r['mode']} | {d['real']:.2f} | {d['sim']:.2f} | {_pct(d['rel_error'])} | "
-            f"{_f(p['real'], '.2f')} | {_f(p['sim'], '.2f')} | {_pct(p['rel_error'])} | "
+            f"{_f(p['real'], '.2f')} | {_ci(p['real_ci'])} | "
+            f"{_f(p['sim'], '.2f')} | {_pct(p['rel_error'])} | {_yes(p['sim_in_real_ci'])} | "
             f"{_f(p.get('sim_medians_only'), '.2f')} | "
             f"{_pct(p.get('rel_error_medians_only'))} | {speed} | "
             f"{c['render_overhead_s'] * 1e3:.1f} / {c['score_overhead_s'] * 1e3:.1f} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _ci(ci: dict[str, Any]) -> str:
+    low, high = ci["low"], ci["high"]
+    if low is None:
+        return "-"
+    return f"{low:.2f}-{'open' if high is None else f'{high:.2f}'}"
+
+
+def _yes(v: bool | None) -> str:
+    return "-" if v is None else ("yes" if v else "no")
 
 
 def _pct(v: float | None) -> str:
