@@ -10,6 +10,9 @@ batching timeout is the best (lowest p99) of a small sweep, not its default alon
 - LitServe: ``batch_timeout`` (timer from when its worker starts collecting a batch, idle
   or not, so a request that arrives into a window already open waits only its rest)
 
+A timeout of 0 is LitServe's default (its worker then polls its queue without waiting);
+renderq then cuts whatever is queued as soon as the device is free, Ray Serve at once.
+
 A second pass with the ``null`` model (blank images at once) measures each system's own
 overhead per request. ``--repeat N`` runs every system and setting N times, each round
 starting at the next system, and reports medians (and p99's range), so that a slow spell of
