@@ -5,6 +5,7 @@
     RenderqError                  base of everything renderq raises on purpose
     ├── ConfigError (ValueError)  a bad setting or input; the message quotes the bad value
     │   └── ProfileError          a cost/memory profile that cannot be used
+    ├── StorageError              the output folder or job store cannot be written
     ├── InvalidTransition         a request state change the transition table forbids
     ├── UnknownRequest (KeyError) an id the scheduler has never seen
     └── AdmissionRejected         raised only by callers that prefer exceptions to verdicts
@@ -23,6 +24,10 @@ class ConfigError(RenderqError, ValueError):
 
 class ProfileError(ConfigError):
     """A cost or memory profile that is malformed or cannot serve a request."""
+
+
+class StorageError(RenderqError):
+    """The output folder or its job store cannot be written (not a folder, read-only, full)."""
 
 
 class InvalidTransition(RenderqError):

@@ -10,6 +10,8 @@ in practice, and the value fits every framework's generator (torch takes < 2**64
 from __future__ import annotations
 
 _MASK64 = (1 << 64) - 1
+MAX_SEED = (1 << 63) - 1
+"""The largest base seed: the store keeps seeds as SQLite's signed 64-bit integers."""
 _GOLDEN = 0x9E3779B97F4A7C15
 
 
@@ -27,4 +29,4 @@ def seed_for(base_seed: int, attempt: int) -> int:
         raise ValueError(f"attempt must be >= 0, got {attempt}")
     if attempt == 0:
         return base_seed
-    return splitmix64(base_seed + attempt * _GOLDEN) & ((1 << 63) - 1)
+    return splitmix64(base_seed + attempt * _GOLDEN) & MAX_SEED

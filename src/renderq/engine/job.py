@@ -16,24 +16,26 @@ the rows already booked.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from renderq.core.errors import ConfigError
+from renderq.core.errors import ConfigError, StorageError
 from renderq.core.events import Accepted, Escalated, Regenerating
 from renderq.core.ledger import Ledger
 from renderq.core.policies import AdHoc, Dynamic, Policy, Window, Windows
 from renderq.core.qa import QAPolicy
 from renderq.core.scheduler import Scheduler
-from renderq.core.seeds import seed_for
+from renderq.core.seeds import MAX_SEED, seed_for
 from renderq.core.types import Batch, BatchKey, Request, Stage
 from renderq.engine.models import DEFAULT_MODEL, DEFAULT_SCORER, fingerprint, resolve
-from renderq.engine.prompts import PromptSpec, file_digest, read_prompts
-from renderq.engine.realtime import RealtimeEngine, Step
+from renderq.engine.prompts import PromptSpec, file_digest, generated_id, read_prompts
+from renderq.engine.realtime import LedgerRow, RealtimeEngine, Step
 from renderq.engine.summary import Progress, RunSummary, summarise
 from renderq.executors.diffusers import DiffusersExecutor
 from renderq.output.dataset import METADATA, REVIEW, DatasetWriter
@@ -82,8 +84,8 @@ class RunSettings:
                 raise ConfigError(
                     f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}"
                 )
-        if self.seed < 0:
-            raise ConfigError(f"--seed must be >= 0, got {self.seed}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"--seed must be from 0 to {MAX_SEED}, got {self.seed}")
 
     def identity(self, digest: str) -> dict[str, Any]:
         """The settings that decide the images and verdicts: a resumed job must match them."""
@@ -124,6 +126,9 @@ class JobListener:
     config: dict[str, Any] = field(default_factory=dict)
     on_progress: Callable[[Progress], None] | None = None
     batch_sizes: list[int] = field(default_factory=list)
+    #: The scheduler's ledger: when set, ``ledger.json`` is rewritten after every commit,
+    #: so it is current even after the process is killed.
+    ledger: Ledger | None = None
 
     def started(self, batch: Batch) -> None:
         """Count the batch and its renders."""
@@ -144,13 +149,18 @@ class JobListener:
             )
             if isinstance(ev, Accepted):
                 # The image is on disk before the store says it was accepted.
-                name = self.writer.write_image(rid, step.images[rid])
+                with storage_errors(self.writer.out, lost=step.ledger):
+                    name = self.writer.write_image(rid, step.images[rid])
                 o = Outcome(rid, "accepted", a.attempt, ev.score, name, a.batch_id, a.batch_size)
                 outcomes.append(o)
             elif isinstance(ev, Escalated):
                 outcomes.append(Outcome(rid, "escalated", a.attempt, a.score))
-        self.store.commit_step(self.run, attempts, outcomes, step.ledger, self.settings.scorer)
-        self._append_views(outcomes)
+        with storage_errors(self.writer.out, lost=step.ledger):
+            self.store.commit_step(self.run, attempts, outcomes, step.ledger, self.settings.scorer)
+        with storage_errors(self.writer.out):
+            self._append_views(outcomes)
+            if self.ledger is not None:
+                self.writer.write_ledger(self.ledger.report().to_dict())
         self._count(step)
 
     def _append_views(self, outcomes: Sequence[Outcome]) -> None:
@@ -193,6 +203,30 @@ class JobListener:
                 p.regenerating.add(ev.request.id)
         if self.on_progress is not None:
             self.on_progress(p)
+
+
+@contextlib.contextmanager
+def storage_errors(out: Path, lost: Sequence[LedgerRow] = ()) -> Iterator[None]:
+    """Turn a failed write under ``out`` into a :class:`StorageError` that says what it cost.
+
+    ``lost`` are the ledger rows of a step that could not be committed: the device time
+    was spent but is not in the store, so the error names it rather than dropping it.
+    Everything committed before stays (the store commits a step whole or not at all).
+    """
+    try:
+        yield
+    except (OSError, sqlite3.Error) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        where = getattr(exc, "filename", None) or out
+        msg = f"cannot write to {where}: {reason}"
+        if lost:
+            booked = ", ".join(f"{secs:.2f} s {stage} on {dev}" for stage, dev, secs in lost)
+            msg += (
+                f"; the step being committed spent {booked} of device time that is not in "
+                "the ledger"
+            )
+        msg += "; everything committed before is kept: fix this and run again to resume"
+        raise StorageError(msg) from exc
 
 
 def metadata_row(
@@ -264,7 +298,13 @@ def build_prompt_rows(
             "negative_prompt": s.negative_prompt,
         }
         seed = s.seed if s.seed is not None else settings.seed + i
-        rows.append(PromptRow(f"p{i:06d}", i, s.prompt, seed, spec))
+        if seed > MAX_SEED:
+            raise ConfigError(
+                f"{settings.prompts}:{s.line}: seed {seed} (--seed {settings.seed} + line "
+                f"index {i}) is above the largest seed {MAX_SEED}"
+            )
+        rid = s.id if s.id is not None else generated_id(i)
+        rows.append(PromptRow(rid, i, s.prompt, seed, spec))
     return rows
 
 
@@ -325,9 +365,15 @@ def run_job(
     """Run (or resume) the job described by ``settings``; returns the summary."""
     specs = read_prompts(settings.prompts)
     policy = settings.policy()
-    settings.out.mkdir(parents=True, exist_ok=True)
-    with FolderLock(settings.out):
-        store = JobStore.open(settings.out / STORE_NAME)
+    with storage_errors(settings.out):
+        if settings.out.exists() and not settings.out.is_dir():
+            raise NotADirectoryError(20, "it exists and is not a folder", str(settings.out))
+        settings.out.mkdir(parents=True, exist_ok=True)
+        lock = FolderLock(settings.out)
+        lock.acquire()
+    try:
+        with storage_errors(settings.out):
+            store = JobStore.open(settings.out / STORE_NAME)
         try:
             wanted = settings.identity(file_digest(settings.prompts))
             stored = store.job_config()
@@ -342,10 +388,13 @@ def run_job(
                 name=settings.scorer,
             )
             if stored is None:
-                store.create_job(wanted, rows)
+                with storage_errors(settings.out):
+                    store.create_job(wanted, rows)
             return _drive(settings, policy, store, executor, scorer, on_progress)
         finally:
             store.close()
+    finally:
+        lock.release()
 
 
 def _load_executor(settings: RunSettings) -> DiffusersExecutor:
@@ -366,15 +415,17 @@ def _drive(
     on_progress: Callable[[Progress], None] | None,
 ) -> RunSummary:
     started = time.monotonic()
-    writer = DatasetWriter(settings.out)
-    run, todo = _begin_run(settings, store, writer)
+    with storage_errors(settings.out):
+        writer = DatasetWriter(settings.out)
+        run, todo = _begin_run(settings, store, writer)
     sched = Scheduler(
         policy,
         qa=QAPolicy(threshold=settings.threshold, max_attempts=settings.max_attempts),
         default_cap=settings.max_batch_size,
         ledger=restore_ledger(store),
     )
-    writer.write_ledger(sched.ledger.report().to_dict())
+    with storage_errors(settings.out):
+        writer.write_ledger(sched.ledger.report().to_dict())
     all_rows = store.requests()
     counts = store.counts()
     progress = Progress(
@@ -382,7 +433,9 @@ def _drive(
     )
     prompts = {r.prompt.id: r.prompt for r in all_rows}
     config = store.job_config() or {}
-    listener = JobListener(store, writer, run, settings, prompts, progress, config, on_progress)
+    listener = JobListener(
+        store, writer, run, settings, prompts, progress, config, on_progress, ledger=sched.ledger
+    )
     engine = RealtimeEngine(
         sched, {executor.device_class: executor}, scorer, listener,
         score_batch_size=settings.score_batch_size,
@@ -393,10 +446,11 @@ def _drive(
     if on_progress is not None:
         on_progress(progress)
     engine.run()
-    refresh_views(store, writer)
     report = sched.ledger.report()
-    writer.write_ledger(report.to_dict())
-    store.finish_run(run)
+    with storage_errors(settings.out):
+        refresh_views(store, writer)
+        writer.write_ledger(report.to_dict())
+        store.finish_run(run)
     wall = time.monotonic() - started
     return summarise(settings, store, report, listener.batch_sizes, wall, submitted=len(todo))
 

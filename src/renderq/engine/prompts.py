@@ -1,21 +1,31 @@
 """Reading a prompts file: plain text (one prompt a line) or JSONL (one object a line).
 
-A JSONL line holds ``prompt`` and optionally ``seed``, ``negative_prompt``, ``width`` and
-``height`` (or ``size`` as ``"WxH"`` or ``[W, H]``) and ``steps``. Every problem is
-reported with its line number before anything renders.
+A JSONL line holds ``prompt`` and optionally ``id`` (the request id in the store and in
+``metadata.jsonl``; the image is saved as ``images/<id>.png``), ``seed``,
+``negative_prompt``, ``width`` and ``height`` (or ``size`` as ``"WxH"`` or ``[W, H]``) and
+``steps``. Every problem is reported with its line number before anything renders. A
+UTF-8 byte-order mark (as some editors write) is not part of the first prompt.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from renderq.core.errors import ConfigError
+from renderq.core.seeds import MAX_SEED
 
 _KEYS = frozenset({"prompt", "seed", "negative_prompt", "width", "height", "size", "steps", "id"})
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def generated_id(index: int) -> str:
+    """The request id of the prompt at ``index`` (0-based) when its line names none."""
+    return f"p{index:06d}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +34,7 @@ class PromptSpec:
 
     line: int
     prompt: str
+    id: str | None = None
     seed: int | None = None
     negative_prompt: str = ""
     width: int | None = None
@@ -41,7 +52,7 @@ def read_prompts(path: Path) -> list[PromptSpec]:
     if not path.is_file():
         raise ConfigError(f"prompts file {str(path)!r} does not exist")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text ({exc})") from None
     lines = text.splitlines()
@@ -51,7 +62,21 @@ def read_prompts(path: Path) -> list[PromptSpec]:
         raise ConfigError(f"{path}: no prompts in the file")
     jsonl = path.suffix.lower() == ".jsonl" or lines[0].lstrip().startswith("{")
     specs = [_parse_line(path, n, line, jsonl) for n, line in enumerate(lines, start=1)]
+    _check_ids(path, specs)
     return specs
+
+
+def _check_ids(path: Path, specs: list[PromptSpec]) -> None:
+    """Every request id (given or generated) names one prompt only."""
+    seen: dict[str, int] = {}
+    for i, s in enumerate(specs):
+        rid = s.id if s.id is not None else generated_id(i)
+        if rid in seen:
+            raise ConfigError(
+                f"{path}:{s.line}: id {rid!r} is already used on line {seen[rid]}; "
+                "each prompt needs its own id"
+            )
+        seen[rid] = s.line
 
 
 def _parse_line(path: Path, n: int, line: str, jsonl: bool) -> PromptSpec:
@@ -76,10 +101,17 @@ def _parse_line(path: Path, n: int, line: str, jsonl: bool) -> PromptSpec:
     negative = obj.get("negative_prompt", "")
     if not isinstance(negative, str):
         raise ConfigError(f"{where}: 'negative_prompt' must be a string, got {negative!r}")
+    rid = obj.get("id")
+    if rid is not None and (not isinstance(rid, str) or not _ID.fullmatch(rid)):
+        raise ConfigError(
+            f"{where}: 'id' must be 1-128 letters, digits, '.', '_' or '-' (starting with a "
+            f"letter or digit), got {rid!r}"
+        )
     return PromptSpec(
         line=n,
         prompt=prompt.strip(),
-        seed=_int(where, obj, "seed", minimum=0),
+        id=rid,
+        seed=_int(where, obj, "seed", minimum=0, maximum=MAX_SEED),
         negative_prompt=negative,
         width=width,
         height=height,
@@ -87,12 +119,16 @@ def _parse_line(path: Path, n: int, line: str, jsonl: bool) -> PromptSpec:
     )
 
 
-def _int(where: str, obj: dict[str, Any], name: str, *, minimum: int) -> int | None:
+def _int(
+    where: str, obj: dict[str, Any], name: str, *, minimum: int, maximum: int = 2**31 - 1
+) -> int | None:
     value = obj.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{where}: {name!r} must be an integer >= {minimum}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise ConfigError(
+            f"{where}: {name!r} must be an integer from {minimum} to {maximum}, got {value!r}"
+        )
     return value
 
 
