@@ -86,7 +86,7 @@ def run(
 
             torch.set_num_threads(threads)
         with _ProgressBar(enabled=sys.stderr.isatty() and not as_json) as bar:
-            summary = run_job(settings, on_progress=bar.update)
+            summary = run_job(settings, on_progress=bar.update, warn=_warn)
     except RenderqError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -97,6 +97,10 @@ def run(
         typer.echo(json.dumps(summary.to_dict(), sort_keys=True))
     else:
         print_summary(summary)
+
+
+def _warn(message: str) -> None:
+    typer.echo(f"warning: {message}", err=True)
 
 
 class _ProgressBar:

@@ -255,6 +255,8 @@ def metadata_row(
         "width": spec["width"],
         "height": spec["height"],
         "negative_prompt": spec["negative_prompt"],
+        "prompt_bucket": spec.get("prompt_bucket", 0),
+        "truncated": spec.get("truncated", []),
         "batch_id": f"{run}-{batch_id}",
         "batch_size": batch_size,
     }
@@ -289,13 +291,17 @@ def build_prompt_rows(
         w, h = s.width or default_w, s.height or default_h
         try:
             executor.check_size(w, h)
+            executor.check_negative_prompt(s.negative_prompt)
         except ConfigError as exc:
             raise ConfigError(f"{settings.prompts}:{s.line}: {exc}") from None
+        length = executor.prompt_length(s.prompt)
         spec = {
             "width": w,
             "height": h,
             "steps": s.steps or settings.steps,
             "negative_prompt": s.negative_prompt,
+            "prompt_bucket": length.bucket,
+            "truncated": list(length.truncated),
         }
         seed = s.seed if s.seed is not None else settings.seed + i
         if seed > MAX_SEED:
@@ -306,6 +312,22 @@ def build_prompt_rows(
         rid = s.id if s.id is not None else generated_id(i)
         rows.append(PromptRow(rid, i, s.prompt, seed, spec))
     return rows
+
+
+def input_notices(
+    settings: RunSettings, specs: Sequence[PromptSpec], rows: Sequence[PromptRow]
+) -> list[str]:
+    """What the user should know about the prompts before they render (not errors)."""
+    cut = [(s, r) for s, r in zip(specs, rows, strict=True) if r.spec["truncated"]]
+    if not cut:
+        return []
+    shown = "; ".join(f"line {s.line} ({', '.join(r.spec['truncated'])})" for s, r in cut[:3]) + (
+        "; ..." if len(cut) > 3 else ""
+    )
+    return [
+        f"{len(cut)} prompt(s) of {settings.prompts} are longer than a text encoder takes and "
+        f"will be cut: {shown}; metadata.jsonl lists each under 'truncated'"
+    ]
 
 
 def _request(row: StoredRequest, attempt: int, settings: RunSettings, executor: Any) -> Request:
@@ -319,6 +341,7 @@ def _request(row: StoredRequest, attempt: int, settings: RunSettings, executor: 
         sampler=executor.sampler,
         precision=settings.precision,
         device_class=executor.device_class,
+        prompt_bucket=int(spec.get("prompt_bucket", 0)),
     )
     return Request(
         id=row.prompt.id,
@@ -361,8 +384,13 @@ def run_job(
     executor: DiffusersExecutor | None = None,
     scorer: Scorer | None = None,
     on_progress: Callable[[Progress], None] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> RunSummary:
-    """Run (or resume) the job described by ``settings``; returns the summary."""
+    """Run (or resume) the job described by ``settings``; returns the summary.
+
+    ``warn`` receives notices about the input that do not stop the job (prompts a text
+    encoder will truncate).
+    """
     specs = read_prompts(settings.prompts)
     policy = settings.policy()
     with storage_errors(settings.out):
@@ -381,6 +409,9 @@ def run_job(
                 check_config(stored, wanted, settings.out)
             executor = executor or _load_executor(settings)
             rows = build_prompt_rows(specs, settings, executor)
+            if warn is not None:
+                for notice in input_notices(settings, specs, rows):
+                    warn(notice)
             scorer = scorer or ClipScorer.load(
                 resolve(settings.scorer),
                 device=settings.device,

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from renderq.core.errors import ConfigError
 from renderq.core.types import Batch, BatchResult, ItemResult, Request
+from renderq.executors.architectures import PromptLength, Rules, rules_for
 from renderq.executors.device import on_device
 
 PRECISIONS: dict[str, str] = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -187,11 +188,13 @@ class DiffusersExecutor:
     device_class: str = ""
     clock: Callable[[], float] = time.perf_counter
     timer: DeviceTimer = field(init=False)
+    rules: Rules = field(init=False)
 
     def __post_init__(self) -> None:
         if not self.device_class:
             self.device_class = self.device
         self.timer = DeviceTimer(self.device, self.clock)
+        self.rules = rules_for(self.pipeline)
 
     @classmethod
     def load(
@@ -210,29 +213,32 @@ class DiffusersExecutor:
 
     @property
     def size_multiple(self) -> int:
-        """Width and height must be multiples of this (the VAE's downscale factor)."""
-        return int(getattr(self.pipeline, "vae_scale_factor", 8) or 8)
+        """Width and height must be multiples of this (the architecture's rule)."""
+        return self.rules.size_multiple
 
     def default_size(self) -> tuple[int, int]:
-        """The resolution the model was built for (``sample_size`` times the VAE factor)."""
+        """The resolution the model was built for (its sample size times the VAE factor)."""
+        vae = int(getattr(self.pipeline, "vae_scale_factor", 8) or 8)
         unet = getattr(self.pipeline, "unet", None)
         sample = getattr(getattr(unet, "config", None), "sample_size", None)
         if isinstance(sample, int):
-            side = sample * self.size_multiple
-            return (side, side)
+            return (sample * vae, sample * vae)
         default = getattr(self.pipeline, "default_sample_size", None)
         if isinstance(default, int):
-            return (default * self.size_multiple,) * 2
+            return (default * vae, default * vae)
         return (512, 512)
 
     def check_size(self, width: int, height: int) -> None:
-        """Raise ConfigError unless the model can render ``width`` x ``height``."""
-        m = self.size_multiple
-        if width <= 0 or height <= 0 or width % m or height % m or max(width, height) > 8192:
-            raise ConfigError(
-                f"size {width}x{height} is not possible for model {self.model!r}: width and "
-                f"height must be positive multiples of {m} (at most 8192)"
-            )
+        """Raise ConfigError unless the model can render exactly ``width`` x ``height``."""
+        self.rules.check_size(self.model, width, height)
+
+    def check_negative_prompt(self, negative_prompt: str) -> None:
+        """Raise ConfigError where the model would ignore ``negative_prompt``."""
+        self.rules.check_negative_prompt(self.model, negative_prompt)
+
+    def prompt_length(self, prompt: str) -> PromptLength:
+        """The prompt's length bucket (part of its batch key) and what truncates it."""
+        return self.rules.prompt_length(prompt)
 
     # -- rendering --------------------------------------------------------------------
 
@@ -288,9 +294,8 @@ class DiffusersExecutor:
             "generator": generators,
             "output_type": "np",
         }
-        if any(r.negative_prompt for r in reqs):
-            kwargs["negative_prompt"] = [r.negative_prompt for r in reqs]
         with torch.inference_mode():
+            kwargs.update(self.rules.call_kwargs(reqs, key.prompt_bucket))
             result = self.pipeline(**kwargs)
         images = result.images if hasattr(result, "images") else result[0]
         if len(images) != len(reqs):
