@@ -386,3 +386,34 @@ def test_expected_finish_prices_retries_at_the_batch_the_queue_would_fill() -> N
     assert alone == pytest.approx(1.0 + 2 * 1.0)
     busy = expected_finish(10.0, 8, 4, curve.latency, 2, renders_per_request=1.0, retries=1)
     assert busy == pytest.approx(10.0 + (2 * 2.0 + 1.0 + 2.0) / 2)
+
+
+def test_admission_counts_the_batches_already_running_as_work_ahead() -> None:
+    cost = StageCost(LatencyCurve((1, 4), (1.0, 2.0)))
+    s = Scheduler(Dynamic(0.0, 4), qa=QAPolicy(max_attempts=1), cost=lambda k: cost)
+    s.submit(req(0, deadline=10.0), 0.0)  # measures the idle device; admitted as the probe
+    [b] = s.schedule(0.0, {"gpu0": 1})
+    s.on_result(ok(b.id, list(b.requests), seconds=1.0), 1.0)
+    s.on_scores(["r0"], ScoreResult((0.9,), 0.0, "gpu0"), 1.0)
+    for i in range(1, 5):
+        assert s.submit(req(i), 1.0).admitted
+    [running] = s.schedule(1.0, {"gpu0": 1})
+    assert running.size == 4 and s.queue_depths() == {}
+    # Nothing queued, but four requests in flight: a new one waits for them (one batch of
+    # 4) and then renders alone, 3 s in all at the curve's prices; 1.5 s is not enough.
+    late = s.submit(req(5, deadline=1.0 + 1.5), 1.0)
+    assert not late.admitted and late.reason == "deadline"
+    assert s.submit(req(6, deadline=1.0 + 3.5), 1.0).admitted
+
+
+def test_a_lost_batch_releases_its_in_flight_count() -> None:
+    s = Scheduler(Dynamic(0, 4), qa=QAPolicy(max_attempts=1))
+    for i in range(3):
+        s.submit(req(i), 0.0)
+    [b] = s.schedule(0.0, {"gpu0": 1})
+    s.on_lost(b.id, 1.0)
+    [b2] = s.schedule(1.0, {"gpu0": 1})
+    s.on_result(ok(b2.id, list(b2.requests)), 2.0)
+    s.on_scores([r.id for r in b2.requests], ScoreResult((0.9,) * 3, 0.0, "gpu0"), 2.0)
+    assert all(s.state(f"r{i}") is RequestState.ACCEPTED for i in range(3))
+    assert s.idle()  # no phantom in-flight requests left on the key

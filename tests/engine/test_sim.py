@@ -159,3 +159,35 @@ def test_a_speed_trace_slows_the_batches_cut_in_a_slow_spell() -> None:
         SimConfig(PROFILE, (), speed=((0.0, 0.0),))
     with pytest.raises(ConfigError, match=r"ascending: 1\.0 after 2\.0"):
         SimConfig(PROFILE, (), speed=((2.0, 1.0), (1.0, 1.0)))
+
+
+def test_a_policy_that_wakes_without_cutting_raises_instead_of_looping() -> None:
+    from renderq.core.errors import Stalled
+
+    class Stuck(Dynamic):
+        def cut(self, view, now):  # type: ignore[no-untyped-def]
+            return 0
+
+        def wakeup(self, view, now):  # type: ignore[no-untyped-def]
+            return now + 1e-3
+
+    with pytest.raises(Stalled, match="without a render starting"):
+        run(Stuck(0.5, 8), 20)
+
+
+def test_a_retry_that_keeps_its_attempt_raises_instead_of_looping(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import dataclasses
+
+    from renderq.core.errors import Stalled
+
+    real = dataclasses.replace
+
+    def keep_attempt(obj, **changes):  # type: ignore[no-untyped-def]
+        changes.pop("attempt", None)
+        return real(obj, **changes)
+
+    monkeypatch.setattr("renderq.core.scheduler.dataclasses.replace", keep_attempt)
+    with pytest.raises(Stalled, match="budget"):
+        run(Dynamic(0.5, 8), 50, failure_rate=0.5)

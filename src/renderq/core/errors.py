@@ -6,6 +6,7 @@
     ├── ConfigError (ValueError)  a bad setting or input; the message quotes the bad value
     │   └── ProfileError          a cost/memory profile that cannot be used
     ├── StorageError              the output folder or job store cannot be written
+    ├── Stalled                   a simulation that can make no progress (a policy or core bug)
     ├── InvalidTransition         a request state change the transition table forbids
     ├── UnknownRequest (KeyError) an id the scheduler has never seen
     └── AdmissionRejected         raised only by callers that prefer exceptions to verdicts
@@ -28,6 +29,11 @@ class ProfileError(ConfigError):
 
 class StorageError(RenderqError):
     """The output folder or its job store cannot be written (not a folder, read-only, full)."""
+
+
+class Stalled(RenderqError):
+    """A simulation whose events go on without any request moving forward, or whose renders
+    exceed what the retry budget allows: a bug in a policy or the scheduler, not an input."""
 
 
 class InvalidTransition(RenderqError):

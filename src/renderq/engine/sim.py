@@ -21,7 +21,7 @@ from typing import Any
 
 from renderq.core.admission import AdmissionConfig
 from renderq.core.cost import Profile
-from renderq.core.errors import ConfigError
+from renderq.core.errors import ConfigError, Stalled
 from renderq.core.events import Accepted, Cancelled, Escalated, Event, ToScore
 from renderq.core.ledger import LedgerReport
 from renderq.core.policies import Policy
@@ -224,6 +224,36 @@ class _Loop:
         self.push(now + held, _RENDERED, (batch, result))
 
 
+@dataclass(slots=True)
+class _ProgressGuard:
+    """Raises :class:`Stalled` instead of looping for ever on a policy or scheduler bug.
+
+    Every loop turn must, within ``idle_turns`` turns, start a render or finish a request;
+    and no run may render more than every request's full retry budget.
+    """
+
+    max_renders: int
+    idle_turns: int = 100_000
+    _last: tuple[int, int] = (0, 0)
+    _idle: int = 0
+
+    def check(self, loop: _Loop, now: float) -> None:
+        if loop.renders > self.max_renders:
+            raise Stalled(
+                f"the simulation rendered {loop.renders} attempts for a budget of "
+                f"{self.max_renders} (requests x max attempts) by t={now:.3f} s: a retry "
+                "that does not advance its attempt?"
+            )
+        mark = (loop.renders, len(loop.done_at))
+        self._idle = 0 if mark != self._last else self._idle + 1
+        self._last = mark
+        if self._idle > self.idle_turns:
+            raise Stalled(
+                f"{self.idle_turns} simulator turns at t={now:.3f} s without a render "
+                "starting or a request finishing: a policy whose wake-up never cuts a batch?"
+            )
+
+
 def profile_key(profile: Profile) -> BatchKey:
     """The batch key every simulated request of a profile shares."""
     return BatchKey(
@@ -288,6 +318,7 @@ def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
         for req in requests[: cfg.streams]:
             loop.push(0.0, _ARRIVE, req)
     now = 0.0
+    guard = _ProgressGuard(len(requests) * cfg.max_attempts)
     while loop.heap:
         now, _, kind, payload = heapq.heappop(loop.heap)
         loop.handle(now, kind, payload)
@@ -295,6 +326,7 @@ def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
             _, _, kind, payload = heapq.heappop(loop.heap)
             loop.handle(now, kind, payload)
         loop.dispatch(now)
+        guard.check(loop, now)
     states = sched.states()
     rejected = sum(1 for s in states.values() if s is RequestState.REJECTED)
     return SimResult(
