@@ -175,9 +175,9 @@ def test_training_renders_are_labelled_by_the_current_oracle(
     )
     wanted = []
     for image, prompt in zip(again["images"], again["prompts"], strict=True):
-        kind, colour, _ = world.parse_caption(prompt).shapes[0]
-        seen = {d.colour for d in oracle.read_image(image).shapes}
-        wanted.append(kind == "triangle" and colour in seen)
+        # Matched means the whole prompt: a prompt naming a circle or a square fails now.
+        named = world.parse_caption(prompt).shapes
+        wanted.append(all(k == "triangle" for k, _, _ in named) and oracle.matches(image, prompt))
     assert again["matched"] == wanted
 
 

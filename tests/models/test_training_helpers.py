@@ -11,29 +11,42 @@ import pytest
 from renderq.models.shapes import clip_gate, common, evaluate, oracle, world
 
 
-def test_hard_negatives_swap_the_two_kinds_or_change_only_the_first_shape() -> None:
+def test_hard_negatives_are_captions_the_scene_does_not_match() -> None:
+    # Every negative, in the caption's own form, is one the pixel oracle rejects on the
+    # scene's image, while the scene's caption in that form passes.
     rng = random.Random(8)
-    for scene in world.sample_batch(rng, 50, two_shape_prob=0.5):
-        truth = world.parse_caption(scene.caption())
-        negatives = clip_gate.negatives_for(scene, rng, [])
-        assert len(negatives) == clip_gate.NEGATIVES == len(set(negatives))
-        first, rest = truth.shapes[0], truth.shapes[1:]
-        swap = bool(rest) and rest[0][0] != first[0]
-        if swap:
-            # The two kinds exchanged: same colours and sizes, kinds bound the other way.
-            parsed = world.parse_caption(negatives[0])
-            assert parsed.background == truth.background
-            assert [k for k, _, _ in parsed.shapes] == [rest[0][0], first[0]]
-            assert [(c, z) for _, c, z in parsed.shapes] == [(c, z) for _, c, z in truth.shapes]
-        for caption in negatives[int(swap) :]:
-            parsed = world.parse_caption(caption)
-            assert parsed.background == truth.background
-            assert parsed.shapes[1:] == truth.shapes[1:]
-            assert parsed.shapes[0] != truth.shapes[0]
-        kinds = {world.parse_caption(c).shapes[0][0] for c in negatives[int(swap) : int(swap) + 2]}
-        assert kinds == set(world.SHAPES) - {scene.shapes[0].kind}
+    for scene in world.sample_batch(rng, 120, two_shape_prob=0.5):
+        form = clip_gate.random_form(scene, rng)
+        caption = scene.caption(sizes=form[0], background=form[1])
+        image = world.render(scene)
+        assert oracle.matches(image, caption)
+        negatives = clip_gate.negatives_for(scene, rng, [], form)
+        assert len(negatives) == clip_gate.NEGATIVES
+        for negative in negatives:
+            assert not oracle.matches(image, negative), (caption, negative)
+            assert clip_gate.form_of(negative)[1] == form[1]  # no clause added or dropped
         # A failed render's prompt comes first when given.
-        assert clip_gate.negatives_for(scene, rng, ["x"])[0] == "x"
+        assert clip_gate.negatives_for(scene, rng, ["x"], form)[0] == "x"
+
+
+def test_two_shape_negatives_start_with_the_swaps_between_the_shapes() -> None:
+    scene = world.Scene(
+        "blue",
+        (
+            world.Shape("square", "red", "large", 20, 20, 14),
+            world.Shape("circle", "white", "small", 48, 48, 8),
+        ),
+    )
+    negatives = clip_gate.negatives_for(scene, random.Random(1), [])
+    assert negatives[:3] == [
+        "a large red circle and a small white square on a blue background",
+        "a large white square and a small red circle on a blue background",
+        "a small red square and a large white circle on a blue background",
+    ]
+    # Without size words the size swap is no mismatch, so it is not a negative.
+    short = clip_gate.negatives_for(scene, random.Random(1), [], ((False, False), False))
+    assert short[:2] == ["a red circle and a white square", "a white square and a red circle"]
+    assert all("small" not in n and "large" not in n for n in short)
 
 
 def test_scene_from_reading_puts_the_subject_first_and_sizes_by_extent() -> None:
@@ -79,6 +92,53 @@ def test_threshold_calibration_maximises_agreement() -> None:
     threshold = evaluate.calibrate_threshold(scores, truth)
     assert 12.0 < threshold <= 29.0
     assert ((scores >= threshold) == truth).all()
+
+
+def test_threshold_for_recall_keeps_that_share_of_good_images() -> None:
+    rng = np.random.default_rng(0)
+    scores = rng.normal(size=400)
+    truth = scores + rng.normal(size=400) > 0
+    for recall in (0.9, 0.95, 0.96, 1.0):
+        threshold = evaluate.threshold_for_recall(scores, truth, recall)
+        kept = (scores[truth] >= threshold).mean()
+        assert recall <= kept < recall + 2 / truth.sum()
+
+
+def test_wilson_interval_brackets_the_rate() -> None:
+    lo, hi = evaluate.wilson(80, 100)
+    assert 0.70 < lo < 0.8 < hi < 0.88
+    assert evaluate.wilson(0, 10)[0] == 0.0 and evaluate.wilson(10, 10)[1] == 1.0
+    assert np.isnan(evaluate.wilson(0, 0)[0])
+
+
+def test_detector_figures_on_a_perfect_and_a_useless_gate() -> None:
+    truth = np.array([True] * 30 + [False] * 10)
+    perfect = evaluate.detector_figures(truth.astype(float), truth, 0.5, "g_")
+    assert perfect["g_recall"] == perfect["g_specificity"] == perfect["g_auc"] == 1.0
+    assert perfect["g_balanced_accuracy_ci"] == [1.0, 1.0]
+    everything = evaluate.detector_figures(np.ones(40), truth, 0.5, "g_")
+    assert everything["g_recall"] == 1.0 and everything["g_specificity"] == 0.0
+    assert everything["g_balanced_accuracy"] == 0.5 and everything["g_auc"] == 0.5
+    assert everything["g_agreement"] == 0.75  # the base rate a gate must beat
+
+
+def test_fix_curve_counts_the_prompts_still_failing() -> None:
+    prompts = ["a red circle"] * 6 + [
+        "a large red circle and a small blue square on a black background"
+    ] * 4
+    # Prompt -> first passing attempt (0-based); absent: never passed.
+    matched_at = {0: 0, 1: 0, 2: 1, 3: 1, 4: 2, 6: 0, 7: 3}
+    qa = {"matched_at": matched_at, "first_subject": [True] * 10, "first_strict": [False] * 10}
+    f = evaluate.qa_figures(prompts, qa)
+    # 7 first attempts failed (2, 3, 4, 5, 7, 8, 9): 2 pass at attempt 2 of 7, then 1 of 5,
+    # then 1 of 4; 3 never pass.
+    assert f["fix_failed_first"] == 7
+    assert f["fix_curve"] == [2 / 7, 1 / 5, 1 / 4]
+    assert f["fix_cumulative"] == [2 / 7, 3 / 7, 4 / 7]
+    assert f["never_pass"] == 3 / 7
+    assert f["sd_first_attempt"] == 0.3 and f["sd_within_4_seeds"] == 0.7
+    assert f["sd_first_attempt_one_shape"] == 2 / 6 and f["sd_first_attempt_two_shape"] == 1 / 4
+    assert f["sd_prompts_full"] == 4 and f["sd_first_attempt_short"] == 2 / 6
 
 
 def test_training_state_round_trips(tmp_path: Path) -> None:

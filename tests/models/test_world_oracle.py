@@ -86,7 +86,10 @@ def test_caption_grammar_round_trip() -> None:
 @pytest.mark.parametrize(
     "bad",
     [
-        "a red circle",
+        "a red",
+        "red circle",
+        "a red circle background",
+        "a red circle and a blue square and a green triangle",
         "a small red circle on a blue",
         "a huge red circle on a blue background",
         "a small red hexagon on a blue background",

@@ -22,8 +22,9 @@ from renderq.models.shapes.common import WEIGHTS_DIR
 DEFAULT_THRESHOLD = 0.6809
 """The shipped scorer's gate, a cosine: ``gate_threshold / 100`` of ``weights/figures.json``.
 
-``python -m renderq.models.shapes evaluate`` calibrates it for agreement with the pixel
-oracle on 500 mini-SD renders; renderq's commands use it as the embedded scorer's default.
+``python -m renderq.models.shapes evaluate`` calibrates it on 500 mini-SD renders as the
+highest threshold that keeps 96% of the images the pixel oracle passes (whole-prompt
+check); renderq's commands use it as the embedded scorer's default.
 """
 
 __all__ = [
@@ -32,9 +33,30 @@ __all__ = [
     "DEFAULT_THRESHOLD",
     "default_clip_path",
     "default_pipeline_path",
+    "example_prompt",
     "load_default_clip",
     "load_default_pipeline",
+    "unknown_words",
 ]
+
+
+def unknown_words(prompt: str) -> list[str]:
+    """Words of ``prompt`` the shapes world does not know, once each, in prompt order.
+
+    Case and punctuation are ignored (``"A red circle."`` has none); an empty list means
+    every word is in the world's vocabulary. The embedded models never saw the others, so
+    a prompt with any renders something unrelated to them.
+    """
+    from renderq.models.shapes.world import unknown_words as _unknown_words
+
+    return _unknown_words(prompt)
+
+
+def example_prompt() -> str:
+    """A prompt inside the world's grammar, to quote beside a warning about unknown words."""
+    from renderq.models.shapes.world import EXAMPLE_PROMPT
+
+    return EXAMPLE_PROMPT
 
 
 def default_pipeline_path() -> Path:

@@ -53,11 +53,30 @@ RENDER_PROMPT_SEED = 80_000
 RENDER_SEED_BASE = 10_000_000
 """Generator seeds of the training renders: far from the evaluation's ``1000 * i + k``."""
 
-NEGATIVES = 4
+NEGATIVES = 6
 """Hard negatives per image."""
 
-SMALL_MAX_HALF_EXTENT = 11
+SMALL_MAX_HALF_EXTENT = oracle.SMALL_MAX_HALF_EXTENT
 """Half-extents above this read as "large" (the world draws small 7-9, large 13-16)."""
+
+CaptionForm = tuple[tuple[bool, ...], bool]
+"""Which optional parts a caption states: a size flag per shape, and the background clause."""
+
+
+def form_of(caption: str) -> CaptionForm:
+    """The :data:`CaptionForm` of a grammar caption."""
+    parsed = world.parse_caption(caption)
+    return tuple(s is not None for _, _, s in parsed.shapes), parsed.background is not None
+
+
+def full_form(scene: world.Scene) -> CaptionForm:
+    """The full form for ``scene``: every size word and the background clause."""
+    return (True,) * len(scene.shapes), True
+
+
+def random_form(scene: world.Scene, rng: random.Random) -> CaptionForm:
+    """A random form, drawn as :func:`world.training_caption` draws it."""
+    return form_of(world.training_caption(scene, rng))
 
 
 def scene_from_reading(reading: oracle.Reading, subject: tuple[str, str] | None) -> world.Scene:
@@ -71,50 +90,105 @@ def scene_from_reading(reading: oracle.Reading, subject: tuple[str, str] | None)
     shapes = []
     for d in detections[:2]:
         x0, y0, x1, y1 = d.bbox
-        half = max(x1 - x0, y1 - y0) / 2
-        size = "small" if half <= SMALL_MAX_HALF_EXTENT else "large"
+        size = oracle.size_word(d)
         shapes.append(world.Shape(d.kind, d.colour, size, (x0 + x1) // 2, (y0 + y1) // 2, 0))
     return world.Scene(reading.background, tuple(shapes))
 
 
-def negatives_for(scene: world.Scene, rng: random.Random, extra: list[str]) -> list[str]:
-    """``NEGATIVES`` captions: ``extra`` first, then kind swaps, then colour swaps.
+def _stated(caption: str) -> tuple[tuple[tuple[str, str, str], ...], str]:
+    """What a caption asks for, in an order-free form (two captions alike here are alike)."""
+    parsed = world.parse_caption(caption)
+    named = tuple(sorted((k, c, s or "") for k, c, s in parsed.shapes))
+    return named, parsed.background or ""
 
-    With two shapes of different kinds, the first kind swap exchanges the two kinds (the
-    right words bound to the wrong colours), then the first shape takes each other kind.
+
+def _other_size(size: str) -> str:
+    return "large" if size == "small" else "small"
+
+
+def negatives_for(
+    scene: world.Scene,
+    rng: random.Random,
+    extra: list[str],
+    form: CaptionForm | None = None,
+) -> list[str]:
+    """``NEGATIVES`` captions the image of ``scene`` does *not* match, in caption form ``form``.
+
+    ``extra`` comes first. Then, for two shapes, the swaps *between* them that keep every
+    word of the caption but bind it to the wrong shape: their kinds exchanged (if they
+    differ), their colours exchanged, their stated sizes exchanged (if they differ). The
+    rest are drawn at random from single changes: a shape's kind, a shape's colour (to one
+    the scene does not use), a stated size flipped, the stated background changed, and a
+    shape the image lacks (for one shape: a second one named beside it; for two: one of
+    them named twice in a second colour, so the caption asks for a shape that is absent).
+    The form (default: full) says which sizes and whether the background are stated; a
+    negative never changes a part the form leaves out, since that change would be no
+    mismatch.
     """
-    first, rest = scene.shapes[0], scene.shapes[1:]
-    used = {scene.background, *(s.colour for s in scene.shapes)}
-    kinds = []
-    if rest and rest[0].kind != first.kind:
-        swapped = [replace(first, kind=rest[0].kind), replace(rest[0], kind=first.kind)]
-        kinds.append(world.caption_for(scene.background, swapped))
-    kinds += [
-        world.caption_for(scene.background, [replace(first, kind=k), *rest])
-        for k in world.SHAPES
-        if k != first.kind
-    ]
+    sizes, with_bg = form if form is not None else full_form(scene)
+    shapes = list(scene.shapes)
+
+    def caption(new: list[world.Shape], background: str = scene.background) -> str:
+        flags = sizes if len(new) == len(sizes) else (*sizes, sizes[0])[: len(new)]
+        return world.caption_for(background, new, sizes=tuple(flags), with_background=with_bg)
+
+    used = {scene.background, *(s.colour for s in shapes)}
     free = [c for c in world.COLOURS if c not in used]
-    colours = [
-        world.caption_for(scene.background, [replace(first, colour=c), *rest])
-        for c in rng.sample(free, min(len(free), NEGATIVES))
-    ]
+    binding: list[str] = []
+    if len(shapes) == 2:
+        a, b = shapes
+        if a.kind != b.kind:
+            binding.append(caption([replace(a, kind=b.kind), replace(b, kind=a.kind)]))
+        binding.append(caption([replace(a, colour=b.colour), replace(b, colour=a.colour)]))
+        if a.size != b.size and sizes[0] and sizes[1]:
+            binding.append(caption([replace(a, size=b.size), replace(b, size=a.size)]))
+    single: list[str] = []
+    for i, shape in enumerate(shapes):
+        for k in world.SHAPES:
+            if k != shape.kind:
+                single.append(caption([*shapes[:i], replace(shape, kind=k), *shapes[i + 1 :]]))
+        for c in rng.sample(free, min(len(free), 3 - len(shapes) // 2)):
+            single.append(caption([*shapes[:i], replace(shape, colour=c), *shapes[i + 1 :]]))
+        if sizes[i]:
+            flipped = replace(shape, size=_other_size(shape.size))
+            single.append(caption([*shapes[:i], flipped, *shapes[i + 1 :]]))
+    if with_bg:
+        for c in rng.sample(free, min(len(free), 2)):
+            single.append(caption(shapes, background=c))
+    if free:
+        phantom = replace(shapes[-1], colour=rng.choice(free), kind=rng.choice(world.SHAPES))
+        if len(shapes) == 1:
+            pair = [shapes[0], phantom] if rng.random() < 0.5 else [phantom, shapes[0]]
+            single.append(caption(pair))
+        else:
+            keep = rng.randrange(2)
+            twice = replace(shapes[keep], colour=rng.choice(free))
+            single.append(caption([shapes[keep], twice]))
+    rng.shuffle(single)
+    truth = _stated(caption(shapes))
     out = list(extra)
-    for caption in [*kinds, *colours]:
+    for negative in [*binding, *single]:
         if len(out) == NEGATIVES:
             break
-        out.append(caption)
+        # A swap between two shapes alike in what the form states changes nothing.
+        if negative not in out and _stated(negative) != truth:
+            out.append(negative)
+    while len(out) < NEGATIVES:  # a scene with too few free colours; repeat the last
+        out.append(out[-1])
     return out
 
 
 def label_renders(images: Any, prompts: list[str]) -> dict[str, Any]:
-    """Caption each render with what the oracle reads in it; say whether it shows its prompt."""
+    """Caption each render with what the oracle reads in it; say whether it shows its prompt.
+
+    ``matched`` is the QA check (:func:`oracle.matches`: the whole prompt is shown).
+    """
     captions, matched = [], []
     for image, prompt in zip(images, prompts, strict=True):
         verdict = oracle.check(image, prompt)
         kind, colour, _ = world.parse_caption(prompt).shapes[0]
         captions.append(scene_from_reading(verdict.reading, (colour, kind)).caption())
-        matched.append(verdict.subject_ok)
+        matched.append(verdict.whole_ok)
     return {"images": images, "prompts": prompts, "captions": captions, "matched": matched}
 
 
@@ -140,7 +214,7 @@ def render_training_set(pipeline_dir: Path, n: int, cache: Path, batch: int = 16
         pipe = StableDiffusionPipeline.from_pretrained(pipeline_dir)
         pipe.set_progress_bar_config(disable=True)
         rng = random.Random(RENDER_PROMPT_SEED)
-        prompts = [world.random_caption(rng) for _ in range(n)]
+        prompts = [world.random_caption(rng, short_forms=True) for _ in range(n)]
         for i in range(done, n, batch):
             chunk = prompts[i : i + batch]
             seeds = range(RENDER_SEED_BASE + i, RENDER_SEED_BASE + i + len(chunk))
@@ -186,7 +260,7 @@ def _rendered_batch(
         extra = [] if data["matched"][i] else [data["prompts"][i]]
         images.append(data["images"][i])
         captions.append(caption)
-        negatives += negatives_for(scene, rng, extra)
+        negatives += negatives_for(scene, rng, extra, form_of(caption))
     return images, captions, negatives
 
 
@@ -245,8 +319,13 @@ def train_clip_gate(
         images = torch.cat(
             [world_images, *([common.images_to_tensor(r_images)] if r_images else [])]
         )
-        captions = [s.caption() for s in scenes] + r_captions
-        negatives = [c for s in scenes for c in negatives_for(s, rng, [])] + r_negatives
+        forms = [random_form(s, rng) for s in scenes]
+        captions = [
+            s.caption(sizes=f[0], background=f[1]) for s, f in zip(scenes, forms, strict=True)
+        ] + r_captions
+        negatives = [
+            c for s, f in zip(scenes, forms, strict=True) for c in negatives_for(s, rng, [], f)
+        ] + r_negatives
         text = tok(
             captions + negatives,
             padding="max_length",

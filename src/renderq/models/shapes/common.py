@@ -37,10 +37,17 @@ def tensor_to_images(batch: Any) -> list[np.ndarray]:
     return list(array.permute(0, 2, 3, 1).cpu().numpy())
 
 
-def world_batch(rng: random.Random, n: int, two_shape_prob: float = 0.3) -> tuple[Any, list[str]]:
-    """``n`` random scenes as an image tensor in [-1, 1] and their captions."""
+def world_batch(
+    rng: random.Random, n: int, two_shape_prob: float = 0.3, short_forms: bool = True
+) -> tuple[Any, list[str]]:
+    """``n`` random scenes as an image tensor in [-1, 1] and their captions.
+
+    With ``short_forms`` (the default) each caption takes the random form of
+    :func:`world.training_caption` (size words or background clause sometimes left out).
+    """
     scenes = world.sample_batch(rng, n, two_shape_prob)
-    return images_to_tensor([world.render(s) for s in scenes]), [s.caption() for s in scenes]
+    captions = [world.training_caption(s, rng) if short_forms else s.caption() for s in scenes]
+    return images_to_tensor([world.render(s) for s in scenes]), captions
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:

@@ -59,14 +59,21 @@ class Reading:
 class Verdict:
     """How an image compares with a caption.
 
-    ``subject_ok``: the caption's first shape (colour and kind) is among the detections;
-    this is the check the QA figures use. ``all_ok``: every named shape is found, nothing
-    else is, and the background colour is right.
+    ``whole_ok``: the image shows everything the caption states: each named shape (colour
+    and kind) is a distinct detection, of the named size where the caption names one, and
+    the background is the named one where the caption has a background clause. What the
+    caption leaves out is not checked (``"a red circle"`` passes on any background, at any
+    size, beside other shapes). This is the QA check (:func:`matches`).
+    ``subject_ok``: the caption's first shape (colour and kind) is among the detections,
+    the QA check of earlier releases. ``all_ok``: the strict reading: ``whole_ok``, and
+    nothing else is detected, and (even for a caption without the clause) the background
+    is a colour no named shape has.
     """
 
     subject_ok: bool
     all_ok: bool
     reading: Reading
+    whole_ok: bool = False
 
 
 def _nearest_colour_index(pixels: np.ndarray) -> np.ndarray:
@@ -180,17 +187,68 @@ def read_image(image: np.ndarray, min_area: int = MIN_AREA) -> Reading:
     return Reading(COLOURS[bg_index], tuple(detections))
 
 
+SMALL_MAX_HALF_EXTENT = 11
+"""Detections whose half-extent (half the longer box side) exceeds this read as ``large``.
+
+The world draws ``small`` shapes at half-extent 7-9 px and ``large`` ones at 13-16 px (on
+64 px images; the bound scales with the image).
+"""
+
+
+def size_word(detection: Detection, image_size: int = 64) -> str:
+    """``"small"`` or ``"large"``: the size word a detection's box extent reads as."""
+    x0, y0, x1, y1 = detection.bbox
+    half = max(x1 - x0, y1 - y0) / 2 * (64.0 / image_size)
+    return "small" if half <= SMALL_MAX_HALF_EXTENT else "large"
+
+
+def _fits(wanted: tuple[str, str, str | None], found: Detection, image_size: int) -> bool:
+    kind, colour, size = wanted
+    if (found.colour, found.kind) != (colour, kind):
+        return False
+    return size is None or size_word(found, image_size) == size
+
+
+def _all_named_found(
+    wanted: list[tuple[str, str, str | None]], found: list[Detection], image_size: int
+) -> bool:
+    """Whether each wanted shape is a distinct detection (a small bipartite search)."""
+    if not wanted:
+        return True
+    head, rest = wanted[0], wanted[1:]
+    for i, detection in enumerate(found):
+        if _fits(head, detection, image_size) and _all_named_found(
+            rest, found[:i] + found[i + 1 :], image_size
+        ):
+            return True
+    return False
+
+
 def check(image: np.ndarray, caption: str) -> Verdict:
     """Compare an image with a grammar caption (see :class:`Verdict`)."""
     parsed = parse_caption(caption)
     reading = read_image(image)
+    image_size = int(np.asarray(image).shape[0])
     found = reading.pairs()
     wanted = [(colour, kind) for kind, colour, _ in parsed.shapes]
     subject_ok = wanted[0] in found
-    all_ok = sorted(found) == sorted(wanted) and reading.background == parsed.background
-    return Verdict(subject_ok, all_ok, reading)
+    background_ok = parsed.background is None or reading.background == parsed.background
+    whole_ok = background_ok and _all_named_found(
+        list(parsed.shapes), list(reading.shapes), image_size
+    )
+    all_ok = (
+        whole_ok
+        and len(found) == len(wanted)
+        and reading.background not in {colour for colour, _ in wanted}
+    )
+    return Verdict(subject_ok, all_ok, reading, whole_ok)
 
 
 def matches(image: np.ndarray, caption: str) -> bool:
-    """Whether the caption's first shape (colour and kind) is in the image: the QA check."""
+    """Whether the image shows everything the caption states: the QA check (``whole_ok``)."""
+    return check(image, caption).whole_ok
+
+
+def matches_subject(image: np.ndarray, caption: str) -> bool:
+    """The earlier QA check: the caption's first shape (colour and kind) is in the image."""
     return check(image, caption).subject_ok

@@ -3,7 +3,10 @@
 A scene is a flat background colour with one or two flat, non-overlapping shapes. Its
 caption comes from a small grammar, for example ``"a small red triangle on a blue
 background"`` or ``"a large green circle and a small white square on a black background"``.
-Only numpy is needed; images are ``uint8`` arrays of shape ``(size, size, 3)``.
+The size words and the background clause are optional: ``"a red circle"``, ``"a large red
+circle"`` and ``"a red circle on a blue background"`` are captions too, and state less
+(any size, any background). Only numpy is needed; images are ``uint8`` arrays of shape
+``(size, size, 3)``.
 """
 
 from __future__ import annotations
@@ -42,6 +45,18 @@ SIZES: dict[str, tuple[int, int]] = {"small": (7, 9), "large": (13, 16)}
 FUNCTION_WORDS: tuple[str, ...] = ("a", "and", "on", "background", "shape")
 """Grammar words other than colours, shapes and sizes."""
 
+SHORT_SIZE_PROB = 0.3
+"""Share of training captions that leave out the size words (of every shape)."""
+
+MIXED_SIZE_PROB = 0.1
+"""Share of two-shape training captions that name the size of one shape only."""
+
+SHORT_BACKGROUND_PROB = 0.3
+"""Share of training captions that leave out the background clause."""
+
+EXAMPLE_PROMPT = "a red circle on a blue background"
+"""A prompt inside the world's grammar, quoted to people whose prompt is outside it."""
+
 
 @dataclass(frozen=True, slots=True)
 class Shape:
@@ -54,8 +69,10 @@ class Shape:
     cy: int
     radius: int
 
-    def phrase(self) -> str:
-        """The noun phrase for this shape, e.g. ``"a small red circle"``."""
+    def phrase(self, with_size: bool = True) -> str:
+        """The noun phrase for this shape, e.g. ``"a small red circle"`` (or ``"a red circle"``)."""
+        if not with_size:
+            return f"a {self.colour} {self.kind}"
         return f"a {self.size} {self.colour} {self.kind}"
 
 
@@ -66,20 +83,68 @@ class Scene:
     background: str
     shapes: tuple[Shape, ...]
 
-    def caption(self) -> str:
-        """The grammar caption of this scene."""
-        return caption_for(self.background, self.shapes)
+    def caption(self, sizes: bool | tuple[bool, ...] = True, background: bool = True) -> str:
+        """The grammar caption of this scene (the full form unless told to leave parts out)."""
+        return caption_for(self.background, self.shapes, sizes=sizes, with_background=background)
 
 
-def caption_for(background: str, shapes: tuple[Shape, ...] | list[Shape]) -> str:
-    """Caption for a background and its shapes, in the world's grammar."""
-    subject = " and ".join(s.phrase() for s in shapes)
-    return f"{subject} on a {background} background"
+def caption_for(
+    background: str,
+    shapes: tuple[Shape, ...] | list[Shape],
+    sizes: bool | tuple[bool, ...] = True,
+    with_background: bool = True,
+) -> str:
+    """Caption for a background and its shapes, in the world's grammar.
+
+    ``sizes`` says whether each shape's size word is stated (one flag for all, or one per
+    shape); ``with_background`` whether the ``on a <colour> background`` clause is.
+    """
+    flags = (sizes,) * len(shapes) if isinstance(sizes, bool) else sizes
+    if len(flags) != len(shapes):
+        raise ValueError(f"{len(flags)} size flags for {len(shapes)} shapes")
+    subject = " and ".join(s.phrase(f) for s, f in zip(shapes, flags, strict=True))
+    return f"{subject} on a {background} background" if with_background else subject
+
+
+def training_caption(scene: Scene, rng: random.Random) -> str:
+    """A caption of ``scene`` in a random form of the grammar, as the training sets use it.
+
+    The size words are left out with ``SHORT_SIZE_PROB`` (a two-shape caption names one
+    shape's size only with ``MIXED_SIZE_PROB``), the background clause with
+    ``SHORT_BACKGROUND_PROB``; the rest are full captions.
+    """
+    u = rng.random()
+    sizes: bool | tuple[bool, ...]
+    if u < SHORT_SIZE_PROB:
+        sizes = False
+    elif len(scene.shapes) == 2 and u < SHORT_SIZE_PROB + MIXED_SIZE_PROB:
+        first = rng.random() < 0.5
+        sizes = (first, not first)
+    else:
+        sizes = True
+    return scene.caption(sizes=sizes, background=rng.random() >= SHORT_BACKGROUND_PROB)
 
 
 def vocabulary() -> list[str]:
     """Every word the caption grammar (and the zero-shot prompts) can produce."""
     return sorted({*FUNCTION_WORDS, *COLOURS, *SHAPES, *SIZES})
+
+
+def prompt_words(prompt: str) -> list[str]:
+    """The words of a prompt as the grammar reads them: lower case, split on blanks and
+    punctuation (``"A red circle."`` has the words ``a``, ``red``, ``circle``)."""
+    cleaned = "".join(ch if ch.isalnum() or ch.isspace() else " " for ch in prompt.lower())
+    return cleaned.split()
+
+
+def unknown_words(prompt: str) -> list[str]:
+    """Words of ``prompt`` outside the world's vocabulary, once each, in prompt order."""
+    known = set(vocabulary())
+    seen: list[str] = []
+    for word in prompt_words(prompt):
+        if word not in known and word not in seen:
+            seen.append(word)
+    return seen
 
 
 def _shape_mask(kind: str, cx: int, cy: int, r: int, size: int) -> np.ndarray:
@@ -144,11 +209,20 @@ def random_scene(rng: random.Random, two_shape_prob: float = 0.3, size: int = IM
 
 
 def scene_for_caption(caption: str, rng: random.Random, size: int = IMAGE_SIZE) -> Scene:
-    """A random scene (random placement and exact size) that matches a grammar caption."""
+    """A random scene (random placement and exact size) that matches a grammar caption.
+
+    What the caption leaves out is drawn at random: a size word for a shape without one, a
+    background colour (other than the shapes' colours) when there is no background clause.
+    """
     parsed = parse_caption(caption)
+    background = parsed.background
+    if background is None:
+        used = {colour for _, colour, _ in parsed.shapes}
+        background = rng.choice([c for c in COLOURS if c not in used] or list(COLOURS))
     while True:
         shapes: list[Shape] = []
-        for kind, colour, size_word in parsed.shapes:
+        for kind, colour, stated in parsed.shapes:
+            size_word = stated if stated is not None else rng.choice(tuple(SIZES))
             lo, hi = SIZES[size_word]
             r = rng.randint(lo, hi)
             where = _place(rng, r, size, shapes)
@@ -156,42 +230,57 @@ def scene_for_caption(caption: str, rng: random.Random, size: int = IMAGE_SIZE) 
                 break
             shapes.append(Shape(kind, colour, size_word, where[0], where[1], r))
         if len(shapes) == len(parsed.shapes):
-            return Scene(parsed.background, tuple(shapes))
+            return Scene(background, tuple(shapes))
 
 
 @dataclass(frozen=True, slots=True)
 class ParsedCaption:
-    """What a grammar caption asks for: ``(kind, colour, size)`` per shape and a background."""
+    """What a grammar caption asks for: ``(kind, colour, size)`` per shape and a background.
 
-    shapes: tuple[tuple[str, str, str], ...]
-    background: str
+    ``size`` is ``None`` for a shape whose caption names no size, ``background`` ``None``
+    for a caption without the background clause: the caption does not ask for either.
+    """
+
+    shapes: tuple[tuple[str, str, str | None], ...]
+    background: str | None
+
+    @property
+    def full(self) -> bool:
+        """Whether the caption states every size and the background (the full form)."""
+        return self.background is not None and all(s is not None for _, _, s in self.shapes)
 
 
 def parse_caption(caption: str) -> ParsedCaption:
-    """Parse a caption of the world's grammar; raises ``ValueError`` quoting a bad caption."""
+    """Parse a caption of the world's grammar; raises ``ValueError`` quoting a bad caption.
+
+    The grammar: ``<shape> [and <shape>] [on a <colour> background]`` where ``<shape>`` is
+    ``a [small|large] <colour> <circle|square|triangle>``.
+    """
     words = caption.strip().lower().split()
-    try:
+    background: str | None = None
+    subject = words
+    if "on" in words:
         on = len(words) - 1 - words[::-1].index("on")
-    except ValueError:
-        raise ValueError(f"caption {caption!r} has no 'on a <colour> background' part") from None
-    tail = words[on:]
-    if len(tail) != 4 or tail[1] != "a" or tail[2] not in PALETTE or tail[3] != "background":
-        raise ValueError(f"caption {caption!r} does not end with 'on a <colour> background'")
-    shapes: list[tuple[str, str, str]] = []
-    for phrase in " ".join(words[:on]).split(" and "):
+        tail = words[on:]
+        if len(tail) != 4 or tail[1] != "a" or tail[2] not in PALETTE or tail[3] != "background":
+            raise ValueError(f"caption {caption!r} does not end with 'on a <colour> background'")
+        background = tail[2]
+        subject = words[:on]
+    elif "background" in words:
+        raise ValueError(f"caption {caption!r} has no 'on a <colour> background' part")
+    shapes: list[tuple[str, str, str | None]] = []
+    for phrase in " ".join(subject).split(" and "):
         parts = phrase.split()
-        if (
-            len(parts) != 4
-            or parts[0] != "a"
-            or parts[1] not in SIZES
-            or parts[2] not in PALETTE
-            or parts[3] not in SHAPES
-        ):
+        size_word: str | None = None
+        if len(parts) == 4 and parts[1] in SIZES:
+            size_word = parts[1]
+            parts = [parts[0], *parts[2:]]
+        if len(parts) != 3 or parts[0] != "a" or parts[1] not in PALETTE or parts[2] not in SHAPES:
             raise ValueError(f"caption {caption!r}: bad shape phrase {phrase!r}")
-        shapes.append((parts[3], parts[2], parts[1]))
+        shapes.append((parts[2], parts[1], size_word))
     if not 1 <= len(shapes) <= 2:
         raise ValueError(f"caption {caption!r} must name one or two shapes")
-    return ParsedCaption(tuple(shapes), tail[2])
+    return ParsedCaption(tuple(shapes), background)
 
 
 def sample_batch(rng: random.Random, n: int, two_shape_prob: float = 0.3) -> list[Scene]:
@@ -199,6 +288,10 @@ def sample_batch(rng: random.Random, n: int, two_shape_prob: float = 0.3) -> lis
     return [random_scene(rng, two_shape_prob) for _ in range(n)]
 
 
-def random_caption(rng: random.Random, two_shape_prob: float = 0.3) -> str:
-    """A random grammar caption (the caption of a random scene)."""
-    return random_scene(rng, two_shape_prob).caption()
+def random_caption(
+    rng: random.Random, two_shape_prob: float = 0.3, short_forms: bool = False
+) -> str:
+    """A random grammar caption: the full caption of a random scene, or with
+    ``short_forms`` one in the random form :func:`training_caption` draws."""
+    scene = random_scene(rng, two_shape_prob)
+    return training_caption(scene, rng) if short_forms else scene.caption()
