@@ -43,7 +43,7 @@ def test_regeneration_cost_follows_rerenders_times_per_image_cost(
     adhoc = article["adhoc"]
     assert adhoc.ledger.seconds["regen"] == pytest.approx(adhoc.rerenders * 1.12)
     assert adhoc.renders == 10_000 + adhoc.rerenders
-    # Expected re-renders at 8% with 4 attempts: N (p + p^2 + p^3) = 869.
+    # Expected re-renders at 8% with 3 attempts (the default): N (p + p^2) = 864.
     assert 780 < adhoc.rerenders < 960
 
 

@@ -79,3 +79,8 @@ def test_fingerprint_follows_the_folder(tmp_path: Path) -> None:
     (tmp_path / "unet" / "w.bin").write_bytes(b"y" * 10)  # same size, new weights
     assert fingerprint(str(tmp_path)) != first
     assert fingerprint("org/hub-model") == "org/hub-model"
+
+
+def test_a_pipeline_folder_gets_its_pipeline_classes_defaults(tiny_model: Path) -> None:
+    # The tiny folder is a StableDiffusionPipeline: diffusers' own 50 steps, guidance 7.5.
+    assert model_defaults(str(tiny_model)) == (50, 7.5)

@@ -22,12 +22,16 @@ def calibrate(
     target_pass_rate: float = typer.Option(None, help="Threshold passing this share of images."),
     store: Path = typer.Option(Path(CALIBRATION_FILE), help="Calibration file to update."),
     device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
-    clipscore_scale: bool = typer.Option(False, "--clipscore-scale", help="100*max(cos, 0)."),
+    clipscore_scale: bool = typer.Option(
+        False, "--clipscore-scale", metavar="", help="100*max(cos, 0)."
+    ),
     batch_size: int = typer.Option(32, help="Images scored per batch."),
     label_with: str = typer.Option(
         None, help="Label images with a judge instead of the file: 'shapes-oracle'."
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print the calibration as JSON."),
+    as_json: bool = typer.Option(
+        False, "--json", metavar="", help="Print the calibration as JSON."
+    ),
 ) -> None:
     """Choose a threshold for a target precision or pass rate; store it for renderq run."""
     from renderq.executors.diffusers import quiet_libraries

@@ -5,18 +5,19 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import typer
 
+from renderq.cli.progress import ProgressLines, progress_for
 from renderq.core.errors import RenderqError
+from renderq.core.qa import DEFAULT_MAX_ATTEMPTS
 from renderq.engine.models import (
     DEFAULT_MODEL,
     DEFAULT_SCORER,
     model_defaults,
     scorer_default_threshold,
 )
-from renderq.engine.summary import Progress, RunSummary
+from renderq.engine.summary import RunSummary
 from renderq.scoring.calibrate import CALIBRATION_FILE, lookup, scale_name
 
 DEFAULT_THRESHOLD = 0.25
@@ -41,23 +42,33 @@ def run(
         None, help="Accept scores >= this (default: calibrated, else the scorer's, else 0.25)."
     ),
     calibration: Path = typer.Option(Path(CALIBRATION_FILE), help="Calibration file to read."),
-    max_attempts: int = typer.Option(3, help="Renders per prompt in all, first one included."),
+    max_attempts: int = typer.Option(
+        DEFAULT_MAX_ATTEMPTS, help="Renders per prompt in all, first one included."
+    ),
     max_batch_size: int = typer.Option(16, help="Largest render batch."),
-    steps: int = typer.Option(None, help="Denoising steps (default: the model's; JSONL may set)."),
-    guidance: float = typer.Option(None, help="Guidance scale (default: the model's, else 7.5)."),
+    steps: int = typer.Option(
+        None, help="Denoising steps (default: the pipeline's, else 20; JSONL may set)."
+    ),
+    guidance: float = typer.Option(
+        None, help="Guidance scale (default: the pipeline's own, else 7.5)."
+    ),
     device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
     precision: str = typer.Option("fp32", help="fp32, fp16 or bf16."),
     seed: int = typer.Option(0, help="Base seed; prompt i gets seed + i unless its line sets one."),
     clipscore_scale: bool = typer.Option(
-        False, "--clipscore-scale", help="Score as 100*max(cos, 0) instead of cosine."
+        False, "--clipscore-scale", metavar="", help="Score as 100*max(cos, 0) instead of cosine."
     ),
     max_queue_delay: float = typer.Option(0.5, help="Dynamic mode: longest wait for a batch, s."),
-    threads: int = typer.Option(0, help="CPU threads for torch (0: torch's default)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object."),
+    threads: int = typer.Option(
+        0, help="CPU threads for torch (0: the cores that other work is not using at start)."
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", metavar="", help="Print the summary as one JSON object."
+    ),
 ) -> None:
     """Render every prompt, gate it with CLIP, regenerate failures, write a dataset."""
     from renderq.engine.job import RunSettings, run_job
-    from renderq.executors.diffusers import quiet_libraries
+    from renderq.executors.diffusers import free_cores, quiet_libraries
 
     try:
         default_steps, default_guidance = model_defaults(model)
@@ -81,11 +92,13 @@ def run(
             max_queue_delay_s=max_queue_delay,
         )
         quiet_libraries()
-        if threads > 0:
+        if threads > 0 or device == "cpu":
             import torch
 
-            torch.set_num_threads(threads)
-        with _ProgressBar(enabled=sys.stderr.isatty() and not as_json) as bar:
+            torch.set_num_threads(threads if threads > 0 else free_cores())
+        terminal = sys.stderr.isatty()
+        shown = progress_for(terminal) if not (terminal and as_json) else ProgressLines(1e18)
+        with shown as bar:
             summary = run_job(settings, on_progress=bar.update, warn=_warn)
     except RenderqError as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -103,54 +116,13 @@ def _warn(message: str) -> None:
     typer.echo(f"warning: {message}", err=True)
 
 
-class _ProgressBar:
-    """A rich progress bar on stderr: rendered, accepted, regenerating, escalated, rate, ETA."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self._progress: Any = None
-        self._task: Any = None
-
-    def __enter__(self) -> _ProgressBar:
-        if self.enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-            self._progress = Progress(
-                TextColumn("[bold]renderq"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[detail]}"),
-                console=Console(stderr=True),
-            )
-            self._progress.start()
-        return self
-
-    def update(self, p: Progress) -> None:
-        """Redraw from the job's counters."""
-        if self._progress is None:
-            return
-        eta = p.eta_s()
-        detail = (
-            f"rendered {p.rendered}  accepted {p.accepted}  regenerating {len(p.regenerating)}  "
-            f"escalated {p.escalated}  {p.images_per_s():.2f} img/s  "
-            f"ETA {'?' if eta is None else f'{eta:.0f}s'}"
-        )
-        if self._task is None:
-            self._task = self._progress.add_task("run", total=p.total, detail=detail)
-        self._progress.update(self._task, completed=p.done, detail=detail)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-
-
 def print_summary(summary: RunSummary) -> None:
     """The end-of-run table: device time by stage, per 10k accepted, outcomes, batch size."""
     from rich.console import Console
     from rich.table import Table
 
     d = summary.to_dict()
+    runs = "1 run" if summary.runs == 1 else f"{summary.runs} runs"
     table = Table(title=f"renderq run ({summary.mode}) -> {summary.out}")
     table.add_column("stage")
     table.add_column("device-seconds", justify="right")
@@ -162,9 +134,20 @@ def print_summary(summary: RunSummary) -> None:
     per10k = d["gpu_hours_per_10k_accepted"]
     per_img = d["device_seconds_per_accepted"]
     console.print(
-        f"accepted {summary.accepted}/{summary.prompts}, escalated {summary.escalated}, "
+        f"whole job ({runs}): accepted {summary.accepted}/{summary.prompts}, "
+        f"escalated {summary.escalated}, "
         f"pending {summary.pending}; GPU-hours per 10k accepted: "
         f"{'-' if per10k is None else f'{per10k:.3f}'}; device-s per accepted image: "
-        f"{'-' if per_img is None else f'{per_img:.3f}'}; mean batch size "
-        f"{summary.mean_batch_size:.2f} over {summary.batches} batches; wall {summary.wall_s:.1f}s"
+        f"{'-' if per_img is None else f'{per_img:.3f}'}"
     )
+    if summary.batches:
+        console.print(
+            f"this run: {summary.submitted} prompts submitted, mean batch size "
+            f"{summary.mean_batch_size:.2f} over {summary.batches} batches, "
+            f"wall {summary.wall_s:.1f}s"
+        )
+    else:
+        console.print(f"this run: nothing left to render (wall {summary.wall_s:.1f}s)")
+    note = summary.inflation_note()
+    if note:
+        console.print(f"note: {note}")

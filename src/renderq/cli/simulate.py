@@ -12,6 +12,7 @@ from rich.table import Table
 
 from renderq.core.errors import ConfigError
 from renderq.core.policies import AdHoc, Dynamic, Policy, Window, Windows, parse_sizes
+from renderq.core.qa import DEFAULT_MAX_ATTEMPTS
 from renderq.engine.arrivals import arrivals
 from renderq.engine.sim import SimConfig, SimResult, simulate
 from renderq.profiles import load_profile
@@ -93,7 +94,9 @@ def simulate_command(
         str, typer.Option(help="offline | poisson:RATE | burst:SIZE@PERIOD | trace:PATH")
     ] = "offline",
     hard_share: Annotated[float, typer.Option(help="Share of prompts that never pass.")] = 0.0,
-    max_attempts: Annotated[int, typer.Option(help="Attempts per prompt, first included.")] = 4,
+    max_attempts: Annotated[
+        int, typer.Option(help="Attempts per prompt, first included.")
+    ] = DEFAULT_MAX_ATTEMPTS,
     max_batch_size: Annotated[int | None, typer.Option(help="Cap below the profile's.")] = None,
     max_queue_delay: Annotated[float, typer.Option(help="Dynamic mode delay cap, s.")] = 0.5,
     preferred_sizes: Annotated[str, typer.Option(help="Dynamic mode, e.g. 16,32,64.")] = "",
@@ -105,7 +108,9 @@ def simulate_command(
     jitter: Annotated[float, typer.Option(help="Relative latency noise, 0..1.")] = 0.0,
     price_per_hour: Annotated[float, typer.Option(help="Price of one device-hour.")] = 2.0,
     seed: Annotated[int, typer.Option(help="Seed of arrivals, failures and noise.")] = 0,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", metavar="", help="Print one JSON object.")
+    ] = False,
 ) -> None:
     """Simulate each mode on the profile's cost curve and compare GPU-hours and latency."""
     try:

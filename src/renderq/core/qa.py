@@ -16,6 +16,10 @@ class Verdict(enum.StrEnum):
     ESCALATE = "escalate"
 
 
+DEFAULT_MAX_ATTEMPTS = 3
+"""Renders per prompt in all (the first included) unless told otherwise, everywhere."""
+
+
 @dataclass(frozen=True, slots=True)
 class QAPolicy:
     """Accept at ``score >= threshold``; otherwise retry until ``max_attempts`` in all.
@@ -25,7 +29,7 @@ class QAPolicy:
     """
 
     threshold: float = 0.0
-    max_attempts: int = 4
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
     enabled: bool = True
 
     def __post_init__(self) -> None:

@@ -29,7 +29,7 @@ from renderq.core.errors import ConfigError, StorageError
 from renderq.core.events import Accepted, Escalated, Regenerating
 from renderq.core.ledger import Ledger
 from renderq.core.policies import AdHoc, Dynamic, Policy, Window, Windows
-from renderq.core.qa import QAPolicy
+from renderq.core.qa import DEFAULT_MAX_ATTEMPTS, QAPolicy
 from renderq.core.scheduler import Scheduler
 from renderq.core.seeds import MAX_SEED, seed_for
 from renderq.core.types import Batch, BatchKey, Request, Stage
@@ -65,7 +65,7 @@ class RunSettings:
     model: str = DEFAULT_MODEL
     scorer: str = DEFAULT_SCORER
     threshold: float = 0.25
-    max_attempts: int = 3
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
     max_batch_size: int = 16
     steps: int = 20
     guidance: float = 7.5
@@ -483,7 +483,21 @@ def _drive(
         writer.write_ledger(report.to_dict())
         store.finish_run(run)
     wall = time.monotonic() - started
-    return summarise(settings, store, report, listener.batch_sizes, wall, submitted=len(todo))
+    share, threads = _cpu_share(executor, scorer)
+    return summarise(
+        settings, store, report, listener.batch_sizes, wall, submitted=len(todo),
+        cpu_share=share, threads=threads,
+    )  # fmt: skip
+
+
+def _cpu_share(*workers: Any) -> tuple[float | None, int | None]:
+    """How much of the measured CPU device time torch's threads ran (see DeviceTimer)."""
+    import torch
+
+    timers = [t for w in workers if (t := getattr(w, "timer", None)) is not None]
+    wall = sum(float(getattr(t, "wall_s", 0.0)) for t in timers)
+    core = sum(float(getattr(t, "core_s", 0.0)) for t in timers)
+    return (core / wall if wall > 0 else None), int(torch.get_num_threads())
 
 
 def _begin_run(

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
+import json
 from pathlib import Path
 
 from renderq.core.errors import ConfigError
@@ -33,14 +35,56 @@ FALLBACK_GUIDANCE = 7.5
 
 
 def model_defaults(model_id: str) -> tuple[int, float]:
-    """Default ``(steps, guidance)`` for a model: the embedded model's own, else 20 / 7.5."""
+    """Default ``(steps, guidance)`` for a model.
+
+    The embedded model's own; for a diffusers folder (or a hub id already in the local
+    cache) the defaults of its pipeline class's ``__call__`` (SD 1.x 50 / 7.5, SDXL 50 /
+    5.0, SD3 28 / 7.0, Flux 28 / 3.5); else ``FALLBACK_STEPS`` / ``FALLBACK_GUIDANCE``.
+    """
     if model_id == DEFAULT_MODEL:
         try:
             shapes = importlib.import_module("renderq.models.shapes")
             return int(shapes.DEFAULT_STEPS), float(shapes.DEFAULT_GUIDANCE)
         except (ImportError, AttributeError):
             pass
-    return FALLBACK_STEPS, FALLBACK_GUIDANCE
+    found = _pipeline_call_defaults(model_id)
+    return found if found is not None else (FALLBACK_STEPS, FALLBACK_GUIDANCE)
+
+
+def _model_index(model_id: str) -> Path | None:
+    """The model's ``model_index.json``: in its folder, or in the hub cache (no download)."""
+    try:
+        local = Path(resolve(model_id)).expanduser() / "model_index.json"
+    except ConfigError:
+        return None
+    if local.is_file():
+        return local
+    if model_id.count("/") != 1 or model_id.startswith((".", "/", "~")) or model_id.endswith("/"):
+        return None  # not a hub id (a missing folder is reported when the model loads)
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(model_id, "model_index.json")
+    except Exception:  # an id the hub client refuses, or no client: no defaults from it
+        return None
+    return Path(cached) if isinstance(cached, str) else None
+
+
+def _pipeline_call_defaults(model_id: str) -> tuple[int, float] | None:
+    index = _model_index(model_id)
+    if index is None:
+        return None
+    try:
+        name = json.loads(index.read_text(encoding="utf-8")).get("_class_name")
+        diffusers = importlib.import_module("diffusers")
+        params = inspect.signature(getattr(diffusers, str(name)).__call__).parameters
+        steps = params["num_inference_steps"].default
+        guidance = params["guidance_scale"].default
+    except (ImportError, AttributeError, KeyError, ValueError, OSError):
+        return None
+    if not isinstance(steps, int) or not isinstance(guidance, int | float):
+        return None
+    return steps, float(guidance)
 
 
 def resolve(model_id: str) -> str:

@@ -25,7 +25,7 @@ from renderq.core.errors import ConfigError, Stalled
 from renderq.core.events import Accepted, Cancelled, Escalated, Event, ToScore
 from renderq.core.ledger import LedgerReport
 from renderq.core.policies import Policy
-from renderq.core.qa import QAPolicy
+from renderq.core.qa import DEFAULT_MAX_ATTEMPTS, QAPolicy
 from renderq.core.scheduler import Scheduler
 from renderq.core.stats import percentile
 from renderq.core.types import TERMINAL, Batch, BatchKey, Request, RequestState, ScoreResult
@@ -43,7 +43,7 @@ class SimConfig:
     arrivals: tuple[Arrival, ...]
     failure_rate: float = 0.08
     hard_share: float = 0.0
-    max_attempts: int = 4
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
     render_workers: int = 1
     seed: int = 0
     jitter: float = 0.0

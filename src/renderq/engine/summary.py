@@ -56,6 +56,10 @@ class Progress:
         return (self.total - self.done) * elapsed / finished
 
 
+INFLATED_BELOW = 0.6
+"""A CPU share below this marks the run's device time as inflated (see ``inflation_note``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RunSummary:
     """What ``renderq run`` prints at the end (``--json`` prints :meth:`to_dict`)."""
@@ -72,6 +76,20 @@ class RunSummary:
     wall_s: float
     runs: int
     ledger: LedgerReport
+    #: CPU devices: the share of the measured device time torch's threads really ran,
+    #: and their count. None on CUDA or when nothing was measured.
+    cpu_share: float | None = None
+    threads: int | None = None
+
+    def inflation_note(self) -> str | None:
+        """A warning when the booked CPU device time looks inflated by other processes."""
+        if self.cpu_share is None or self.cpu_share >= INFLATED_BELOW:
+            return None
+        return (
+            f"device time looks inflated: torch's {self.threads} CPU thread(s) ran "
+            f"{100 * self.cpu_share:.0f}% of the measured time (other processes compete for "
+            "the cores), and the ledger books the waiting too; try fewer --threads"
+        )
 
     def device_seconds_per_accepted(self) -> float | None:
         """All booked device-seconds (renders, regenerations and scoring) per accepted image."""
@@ -98,6 +116,9 @@ class RunSummary:
             "device_seconds": {k: v * 3600 for k, v in hours.items()},
             "gpu_hours_per_10k_accepted": self.ledger.per_10k_accepted_hours(),
             "device_seconds_per_accepted": self.device_seconds_per_accepted(),
+            "cpu_share": self.cpu_share,
+            "threads": self.threads,
+            "inflation_note": self.inflation_note(),
         }
 
 
@@ -109,6 +130,8 @@ def summarise(
     wall_s: float,
     *,
     submitted: int,
+    cpu_share: float | None = None,
+    threads: int | None = None,
 ) -> RunSummary:
     """The summary of a finished run, from the store (whole job) and this run's batches."""
     counts = store.counts()
@@ -125,4 +148,6 @@ def summarise(
         wall_s=wall_s,
         runs=store.runs(),
         ledger=report,
+        cpu_share=cpu_share,
+        threads=threads,
     )

@@ -135,15 +135,24 @@ class DeviceTimer:
     device: str
     clock: Callable[[], float] = time.perf_counter
     _stream: Any = None
+    #: On CPU: wall seconds measured, and the process's CPU seconds over the same spans
+    #: divided by torch's thread count. Their ratio (:meth:`cpu_share`) falls well below 1
+    #: when other processes take the cores, i.e. when booked seconds are inflated.
+    wall_s: float = 0.0
+    core_s: float = 0.0
 
     def measure(self, fn: Callable[[], T]) -> tuple[T, float]:
         """Run ``fn`` and return its result with the seconds it took on the device."""
         if not self.device.startswith("cuda"):
 
             def timed() -> tuple[T, float]:
-                start = self.clock()
+                threads = max(1, int(import_torch().get_num_threads()))
+                start, cpu = self.clock(), time.process_time()
                 out = fn()
-                return out, self.clock() - start
+                wall = self.clock() - start
+                self.wall_s += wall
+                self.core_s += (time.process_time() - cpu) / threads
+                return out, wall
 
             return on_device(self.device, timed)
         torch = import_torch()
@@ -155,6 +164,24 @@ class DeviceTimer:
             out = fn()
             self._stream.synchronize()
             return out, self.clock() - start
+
+    def cpu_share(self) -> float | None:
+        """The share of the measured wall time torch's CPU threads really ran (None: none)."""
+        return self.core_s / self.wall_s if self.wall_s > 0 else None
+
+
+def free_cores() -> int:
+    """Cores this process may use that other work is not already using (at least 1).
+
+    The cores in the process's affinity set less the one-minute load average: on a
+    shared machine, torch's default (one thread per core) oversubscribes the cores, its
+    thread team waits on the others' time slices, and every booked second is inflated.
+    """
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    return max(1, int((cores or 1) - busy + 0.5))
 
 
 @dataclass(slots=True)
