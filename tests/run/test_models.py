@@ -84,3 +84,17 @@ def test_fingerprint_follows_the_folder(tmp_path: Path) -> None:
 def test_a_pipeline_folder_gets_its_pipeline_classes_defaults(tiny_model: Path) -> None:
     # The tiny folder is a StableDiffusionPipeline: diffusers' own 50 steps, guidance 7.5.
     assert model_defaults(str(tiny_model)) == (50, 7.5)
+
+
+def test_prompts_outside_the_embedded_world_get_a_notice_naming_the_words() -> None:
+    from renderq.engine.models import vocabulary_notice
+
+    if not _embedded():
+        pytest.skip("the embedded model is not installed")
+    prompts = [(1, "a red circle"), (2, "a photo of a dog on a red background"), (3, "a cat")]
+    note = vocabulary_notice(DEFAULT_MODEL, prompts)
+    assert note is not None and note.startswith("2 prompt(s) use words")
+    assert "line 2: 'photo', 'of', 'dog'" in note and "line 3: 'cat'" in note
+    assert "for example '" in note
+    assert vocabulary_notice(DEFAULT_MODEL, prompts[:1]) is None
+    assert vocabulary_notice("some/other-model", prompts) is None

@@ -33,7 +33,13 @@ from renderq.core.qa import DEFAULT_MAX_ATTEMPTS, QAPolicy
 from renderq.core.scheduler import Scheduler
 from renderq.core.seeds import MAX_SEED, seed_for
 from renderq.core.types import Batch, BatchKey, Request, Stage
-from renderq.engine.models import DEFAULT_MODEL, DEFAULT_SCORER, fingerprint, resolve
+from renderq.engine.models import (
+    DEFAULT_MODEL,
+    DEFAULT_SCORER,
+    fingerprint,
+    resolve,
+    vocabulary_notice,
+)
 from renderq.engine.prompts import PromptSpec, file_digest, generated_id, read_prompts
 from renderq.engine.realtime import LedgerRow, RealtimeEngine, Step
 from renderq.engine.summary import Progress, RunSummary, summarise
@@ -318,16 +324,21 @@ def input_notices(
     settings: RunSettings, specs: Sequence[PromptSpec], rows: Sequence[PromptRow]
 ) -> list[str]:
     """What the user should know about the prompts before they render (not errors)."""
+    notices = []
+    vocab = vocabulary_notice(settings.model, [(s.line, s.prompt) for s in specs])
+    if vocab is not None:
+        notices.append(vocab)
     cut = [(s, r) for s, r in zip(specs, rows, strict=True) if r.spec["truncated"]]
     if not cut:
-        return []
+        return notices
     shown = "; ".join(f"line {s.line} ({', '.join(r.spec['truncated'])})" for s, r in cut[:3]) + (
         "; ..." if len(cut) > 3 else ""
     )
-    return [
+    notices.append(
         f"{len(cut)} prompt(s) of {settings.prompts} are longer than a text encoder takes and "
         f"will be cut: {shown}; metadata.jsonl lists each under 'truncated'"
-    ]
+    )
+    return notices
 
 
 def _request(row: StoredRequest, attempt: int, settings: RunSettings, executor: Any) -> Request:

@@ -87,6 +87,31 @@ def _pipeline_call_defaults(model_id: str) -> tuple[int, float] | None:
     return steps, float(guidance)
 
 
+def vocabulary_notice(model_id: str, prompts: list[tuple[int, str]]) -> str | None:
+    """For the embedded model: the prompts (line, text) with words its world never shows.
+
+    The embedded models know only the shapes world's words; a prompt with others renders
+    something unrelated to them and fails the gate. None when every word is known or the
+    model is not the embedded one.
+    """
+    if model_id != DEFAULT_MODEL:
+        return None
+    try:
+        shapes = importlib.import_module("renderq.models.shapes")
+        unknown, example = shapes.unknown_words, shapes.example_prompt
+    except (ImportError, AttributeError):
+        return None
+    hits = [(line, words) for line, text in prompts if (words := unknown(text))]
+    if not hits:
+        return None
+    shown = "; ".join(f"line {line}: {', '.join(map(repr, w))}" for line, w in hits[:3])
+    more = "; ..." if len(hits) > 3 else ""
+    return (
+        f"{len(hits)} prompt(s) use words the embedded model has never seen ({shown}{more}); "
+        f"it knows the shapes world only, for example {example()!r}"
+    )
+
+
 def resolve(model_id: str) -> str:
     """The path or hub id to load for ``model_id``; ``embedded:*`` names become folders."""
     if not model_id.startswith(EMBEDDED_PREFIX):
