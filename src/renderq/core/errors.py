@@ -6,6 +6,7 @@
     ├── ConfigError (ValueError)  a bad setting or input; the message quotes the bad value
     │   └── ProfileError          a cost/memory profile that cannot be used
     ├── StorageError              the output folder or job store cannot be written
+    ├── WorkerLost                a worker (thread, process, actor) died holding a batch
     ├── Stalled                   a simulation that can make no progress (a policy or core bug)
     ├── InvalidTransition         a request state change the transition table forbids
     ├── UnknownRequest (KeyError) an id the scheduler has never seen
@@ -29,6 +30,12 @@ class ProfileError(ConfigError):
 
 class StorageError(RenderqError):
     """The output folder or its job store cannot be written (not a folder, read-only, full)."""
+
+
+class WorkerLost(RenderqError):
+    """A worker died holding a batch: raised by an executor whose backend is gone (a
+    process that exited, an actor that died), or by the engine when a device class has
+    lost its workers too many times in a row. The batch goes back to the queue."""
 
 
 class Stalled(RenderqError):

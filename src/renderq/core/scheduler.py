@@ -39,6 +39,7 @@ from renderq.core.types import (
     Request,
     RequestState,
     ScoreResult,
+    Stage,
     check_transition,
 )
 
@@ -350,11 +351,19 @@ class Scheduler:
                 events.append(self._retry_or_escalate(rec, score, now))
         return events
 
-    def on_lost(self, batch_id: int, now: float) -> None:
-        """A batch whose worker died: its requests go back to the queue, attempt unchanged."""
+    def on_lost(
+        self, batch_id: int, now: float, device_seconds: float = 0.0, device_class: str = ""
+    ) -> None:
+        """A batch whose worker died: its requests go back to the queue, attempt unchanged.
+
+        ``device_seconds`` the worker spent on it before dying are booked as
+        ``Stage.LOST`` on ``device_class`` (the batch's own class by default).
+        """
         batch = self._running.pop(batch_id, None)
         if batch is None:
             raise UnknownRequest(f"no running batch with id {batch_id}")
+        if device_seconds > 0:
+            self.ledger.book(Stage.LOST, device_class or batch.key.device_class, device_seconds)
         q = self._queues[_lane(batch.requests[0])]
         for req in batch.requests:
             q.inflight -= 1

@@ -18,6 +18,8 @@ class Stage(enum.StrEnum):
     SCORE = "score"
     REGEN = "regen"
     RESCORE = "rescore"
+    #: Device time of a batch whose worker died before it came back: spent, no images.
+    LOST = "lost"
 
 
 class RequestState(enum.StrEnum):

@@ -194,6 +194,8 @@ class JobListener:
 
     def _count(self, step: Step) -> None:
         p = self.progress
+        if step.kind == "lost" and step.batch is not None:
+            p.rendering -= step.batch.size  # queued again; counted when it starts again
         if step.kind == "render" and step.batch is not None:
             p.rendering -= step.batch.size
             p.rendered += sum(1 for it in (step.render.items if step.render else ()) if it.ok)

@@ -30,7 +30,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from renderq.core.errors import ConfigError
+from renderq.core.errors import ConfigError, WorkerLost
 from renderq.core.events import Admission, Event, ToScore
 from renderq.core.ledger import Ledger
 from renderq.core.scheduler import Scheduler
@@ -46,11 +46,13 @@ LedgerRow = tuple[str, str, float]
 class Step:
     """One result fed back to the scheduler: what came back and what it caused.
 
-    ``kind`` is ``"render"`` or ``"score"``. For a render step ``batch`` and ``render``
-    are set; for a score step ``scored`` holds the attempts scored and ``score`` the
-    result. ``images`` maps request ids to the images scored in this step. ``held_s``:
-    the engine's seconds from handing the batch to its worker to this step, the device's
-    time on it plus the hand-offs either side (what a simulator must hold a worker for).
+    ``kind`` is ``"render"``, ``"score"`` or ``"lost"`` (a render batch whose worker
+    died: ``batch`` is set, its requests are queued again, ``ledger`` holds the device
+    time it cost). For a render step ``batch`` and ``render`` are set; for a score
+    step ``scored`` holds the attempts scored and ``score`` the result. ``images`` maps
+    request ids to the images scored in this step. ``held_s``: the engine's seconds from
+    handing the batch to its worker to this step, the device's time on it plus the
+    hand-offs either side (what a simulator must hold a worker for).
     """
 
     kind: str
@@ -85,6 +87,9 @@ class _ScoreJob:
 
 
 _RENDERED, _SCORED, _SCORE_FAILED, _CALL = "rendered", "scored", "score_failed", "call"
+_LOST = "lost"
+MAX_LOSSES = 3
+"""Batches in a row a device class may lose (its worker dying each time) before the run stops."""
 
 
 class RealtimeEngine:
@@ -135,6 +140,8 @@ class RealtimeEngine:
         self._to_score: deque[tuple[Request, Any]] = deque()
         self._retry: deque[_ScoreJob] = deque()
         self._sent: dict[int, float] = {}  # render batch id -> when its worker got it
+        self._losses = dict.fromkeys(self.executors, 0)  # batches lost in a row per class
+        self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
 
     @property
@@ -173,15 +180,9 @@ class RealtimeEngine:
         With ``until_idle=False`` it keeps running when idle, waiting for :meth:`call`,
         until :meth:`stop`.
         """
-        threads = [
-            threading.Thread(
-                target=self._render_worker, args=(dc,), daemon=True, name=f"render-{dc}"
-            )
-            for dc in self.executors
-        ]
-        threads.append(threading.Thread(target=self._score_worker, daemon=True, name="score"))
-        for t in threads:
-            t.start()
+        for dc in self.executors:
+            self._start_worker(self._render_worker, dc, f"render-{dc}")
+        self._start_worker(self._score_worker, None, "score")
         try:
             while not self._stop.is_set():
                 # One reading of the clock for cutting and for the timer: with two, a delay
@@ -207,8 +208,14 @@ class RealtimeEngine:
             for q in self._render_q.values():
                 q.put(None)
             self._score_q.put(None)
-            for t in threads:
+            for t in self._threads:
                 t.join(timeout=60)
+
+    def _start_worker(self, target: Callable[..., None], arg: Any, name: str) -> None:
+        args = () if arg is None else (arg,)
+        thread = threading.Thread(target=target, args=args, daemon=True, name=name)
+        self._threads.append(thread)
+        thread.start()
 
     def _finished(self) -> bool:
         return (
@@ -259,7 +266,10 @@ class RealtimeEngine:
         elif kind == _RENDERED:
             batch, result = payload
             self._free[batch.key.device_class] += 1
+            self._losses[batch.key.device_class] = 0
             self._on_rendered(batch, result)
+        elif kind == _LOST:
+            self._on_lost(*payload)
         elif kind == _SCORED:
             job, result = payload
             self._scorer_busy = False
@@ -284,6 +294,30 @@ class RealtimeEngine:
         rows = _delta(before, self.scheduler.ledger)
         held = self.now() - self._sent.pop(batch.id, self.now())
         self.listener.step(Step("render", events, rows, batch=batch, render=result, held_s=held))
+
+    def _on_lost(self, batch: Batch, seconds: float, error: str, died: bool) -> None:
+        """A render worker died with ``batch`` (or its executor lost its backend).
+
+        The batch goes back to the queue through the scheduler, its device time is booked
+        as lost, and a dead worker thread is started again, up to ``MAX_LOSSES`` batches
+        in a row on one device class; past that the run stops (resumable) rather than
+        losing batch after batch.
+        """
+        dc = batch.key.device_class
+        before = _snapshot(self.scheduler.ledger)
+        self.scheduler.on_lost(batch.id, self.now(), seconds, dc)
+        rows = _delta(before, self.scheduler.ledger)
+        self._sent.pop(batch.id, None)
+        self.listener.step(Step("lost", (), rows, batch=batch))
+        self._losses[dc] += 1
+        if self._losses[dc] > MAX_LOSSES:
+            raise WorkerLost(
+                f"the render worker of {dc!r} lost {self._losses[dc]} batches in a row "
+                f"(last: {error}); the queued work is kept: run again to resume"
+            )
+        if died:
+            self._start_worker(self._render_worker, dc, f"render-{dc}")
+        self._free[dc] += 1
 
     def _on_scored(self, job: _ScoreJob, result: ScoreResult) -> None:
         before = _snapshot(self.scheduler.ledger)
@@ -312,10 +346,18 @@ class RealtimeEngine:
             start = time.perf_counter()
             try:
                 result = executor.run(batch)
+            except WorkerLost as exc:  # the executor's backend died; the executor lives on
+                lost = (batch, time.perf_counter() - start, str(exc), False)
+                self._inbox.put((_LOST, lost))
+                continue
             except Exception as exc:  # an executor must not raise; if it does, fail the items
                 error = f"executor failed: {type(exc).__name__}: {exc}"
                 items = tuple(ItemResult(r.id, error=error) for r in batch.requests)
                 result = BatchResult(batch.id, items, time.perf_counter() - start, device_class)
+            except BaseException as exc:  # this thread is dying: the batch must not die with it
+                lost = (batch, time.perf_counter() - start, f"{type(exc).__name__}: {exc}", True)
+                self._inbox.put((_LOST, lost))
+                return
             self._inbox.put((_RENDERED, (batch, result)))
 
     def _score_worker(self) -> None:
@@ -325,6 +367,10 @@ class RealtimeEngine:
             except Exception as exc:
                 self._inbox.put((_SCORE_FAILED, (job, f"{type(exc).__name__}: {exc}")))
                 continue
+            except BaseException as exc:  # the thread is dying: retry the job on a new one
+                self._start_worker(self._score_worker, None, "score")
+                self._inbox.put((_SCORE_FAILED, (job, f"scorer died: {type(exc).__name__}")))
+                return
             self._inbox.put((_SCORED, (job, result)))
 
 
