@@ -127,7 +127,8 @@ def print_summary(summary: RunSummary) -> None:
     table.add_column("stage")
     table.add_column("device-seconds", justify="right")
     table.add_column("GPU-hours", justify="right")
-    for stage in ("render", "regen", "score", "rescore", "total"):
+    lost = ("lost",) if d["device_seconds"].get("lost") else ()
+    for stage in ("render", "regen", "score", "rescore", *lost, "total"):
         table.add_row(stage, f"{d['device_seconds'][stage]:.2f}", f"{d['gpu_hours'][stage]:.5f}")
     console = Console()
     console.print(table)
