@@ -498,8 +498,8 @@ def _drive(
     wall = time.monotonic() - started
     share, threads = _cpu_share(executor, scorer)
     return summarise(
-        settings, store, report, listener.batch_sizes, wall, submitted=len(todo),
-        cpu_share=share, threads=threads,
+        settings.mode, str(settings.out), store, report, listener.batch_sizes, wall,
+        submitted=len(todo), cpu_share=share, threads=threads,
     )  # fmt: skip
 
 

@@ -6,13 +6,10 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from renderq.core.ledger import LedgerReport
 from renderq.store.sqlite import JobStore
-
-if TYPE_CHECKING:
-    from renderq.engine.job import RunSettings
 
 
 @dataclass(slots=True)
@@ -123,7 +120,8 @@ class RunSummary:
 
 
 def summarise(
-    settings: RunSettings,
+    mode: str,
+    out: str,
     store: JobStore,
     report: LedgerReport,
     batch_sizes: Sequence[int],
@@ -136,8 +134,8 @@ def summarise(
     """The summary of a finished run, from the store (whole job) and this run's batches."""
     counts = store.counts()
     return RunSummary(
-        mode=settings.mode,
-        out=str(settings.out),
+        mode=mode,
+        out=out,
         prompts=sum(counts.values()),
         accepted=counts.get("accepted", 0),
         escalated=counts.get("escalated", 0),
