@@ -11,13 +11,13 @@ from rich.console import Console
 from rich.table import Table
 
 from renderq.core.errors import ConfigError
-from renderq.core.policies import AdHoc, Dynamic, Policy, Window, Windows, parse_sizes
+from renderq.core.policies import Policy, Windows, parse_sizes
 from renderq.core.qa import DEFAULT_MAX_ATTEMPTS
+from renderq.core.settings import MODES, Batching
+from renderq.core.settings import make_policy as core_make_policy
 from renderq.engine.arrivals import arrivals
 from renderq.engine.sim import SimConfig, SimResult, simulate
 from renderq.profiles import load_profile
-
-MODES = ("adhoc", "dynamic", "window")
 
 
 def make_policy(
@@ -28,14 +28,11 @@ def make_policy(
     preferred: str,
     windows: str,
 ) -> Policy:
-    """Build the policy a mode name stands for."""
-    if mode == "adhoc":
-        return AdHoc()
-    if mode == "dynamic":
-        return Dynamic(max_queue_delay_s, max_batch_size, tuple(parse_sizes(preferred)))
-    if mode == "window":
-        return Window(Windows.parse(windows), max_batch_size)
-    raise ConfigError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+    """Build the policy a mode name stands for, from command-line text."""
+    batching = Batching(
+        mode, max_batch_size, max_queue_delay_s, preferred=tuple(parse_sizes(preferred))
+    )
+    return core_make_policy(batching, Windows.parse(windows) if mode == "window" else None)
 
 
 def parse_modes(text: str) -> list[str]:

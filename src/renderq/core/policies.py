@@ -70,6 +70,10 @@ class AdHoc:
         return None
 
 
+DEFAULT_MAX_QUEUE_DELAY_S = 0.5
+"""The dynamic mode's longest wait for a batch to fill, unless told otherwise, everywhere."""
+
+
 @dataclass(frozen=True, slots=True)
 class Dynamic:
     """Triton-style dynamic batching.
@@ -79,7 +83,7 @@ class Dynamic:
     queued request has waited ``max_queue_delay_s`` and cut what is there.
     """
 
-    max_queue_delay_s: float = 0.1
+    max_queue_delay_s: float = DEFAULT_MAX_QUEUE_DELAY_S
     batch_size: int | None = None
     preferred_sizes: tuple[int, ...] = ()
     name: str = "dynamic"

@@ -28,11 +28,19 @@ from typing import Any
 from renderq.core.errors import ConfigError, StorageError
 from renderq.core.events import Accepted, Escalated, Regenerating
 from renderq.core.ledger import Ledger
-from renderq.core.policies import AdHoc, Dynamic, Policy, Window, Windows
+from renderq.core.policies import Policy
 from renderq.core.qa import DEFAULT_MAX_ATTEMPTS, QAPolicy
 from renderq.core.scheduler import Scheduler
 from renderq.core.seeds import MAX_SEED, seed_for
-from renderq.core.types import Batch, BatchKey, Request, Stage
+from renderq.core.settings import (
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_MAX_QUEUE_DELAY_S,
+    DEFAULT_SCORE_BATCH_SIZE,
+    Batching,
+    key_for,
+    make_policy,
+)
+from renderq.core.types import Batch, Request, Stage
 from renderq.engine.models import (
     DEFAULT_MODEL,
     DEFAULT_SCORER,
@@ -57,7 +65,6 @@ from renderq.store.sqlite import (
     check_config,
 )
 
-MODES = ("adhoc", "dynamic", "window")
 STORE_NAME = "renderq.sqlite"
 
 
@@ -72,20 +79,19 @@ class RunSettings:
     scorer: str = DEFAULT_SCORER
     threshold: float = 0.25
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    max_batch_size: int = 16
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     steps: int = 20
     guidance: float = 7.5
     device: str = "cpu"
     precision: str = "fp32"
     seed: int = 0
     scale100: bool = False
-    max_queue_delay_s: float = 0.5
-    score_batch_size: int = 32
+    max_queue_delay_s: float = DEFAULT_MAX_QUEUE_DELAY_S
+    score_batch_size: int = DEFAULT_SCORE_BATCH_SIZE
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        for name in ("max_attempts", "max_batch_size", "steps", "score_batch_size"):
+        self.batching()  # validates mode, batch sizes and the queue delay
+        for name in ("max_attempts", "steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(
                     f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}"
@@ -110,13 +116,15 @@ class RunSettings:
             "scale100": self.scale100,
         }
 
+    def batching(self) -> Batching:
+        """The batching settings of this run."""
+        return Batching(
+            self.mode, self.max_batch_size, self.max_queue_delay_s, self.score_batch_size
+        )
+
     def policy(self) -> Policy:
         """The batching policy of ``mode``."""
-        if self.mode == "adhoc":
-            return AdHoc()
-        if self.mode == "dynamic":
-            return Dynamic(max_queue_delay_s=self.max_queue_delay_s, batch_size=self.max_batch_size)
-        return Window(Windows(), batch_size=self.max_batch_size)
+        return make_policy(self.batching())
 
 
 @dataclass(slots=True)
@@ -345,17 +353,11 @@ def input_notices(
 
 def _request(row: StoredRequest, attempt: int, settings: RunSettings, executor: Any) -> Request:
     spec = row.prompt.spec
-    key = BatchKey(
-        model=settings.model,
-        width=spec["width"],
-        height=spec["height"],
-        steps=spec["steps"],
-        guidance=settings.guidance > 1.0,
-        sampler=executor.sampler,
-        precision=settings.precision,
-        device_class=executor.device_class,
-        prompt_bucket=int(spec.get("prompt_bucket", 0)),
-    )
+    key = key_for(
+        settings.model, spec["width"], spec["height"], spec["steps"], settings.guidance,
+        executor.sampler, settings.precision, executor.device_class,
+        int(spec.get("prompt_bucket", 0)),
+    )  # fmt: skip
     return Request(
         id=row.prompt.id,
         prompt=row.prompt.prompt,
