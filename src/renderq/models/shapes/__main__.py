@@ -1,9 +1,11 @@
 """Command line: ``python -m renderq.models.shapes train|build|evaluate``.
 
 ``train --stage clip|vae|unet|clip-gate|all [--fresh]`` trains from nothing or resumes from the
-checkpoint folder; ``build`` assembles the shipped folders from finished stages; ``unpack``
-restores the export folders from shipped weights so a stage can continue from them;
-``evaluate`` prints every figure of the model card.
+checkpoint folder (``all`` runs every stage, then builds the shipped folders and prints
+their hashes and the wall time); ``build`` assembles the shipped folders from finished
+stages; ``unpack`` restores the export folders from shipped weights so a stage can continue
+from them; ``evaluate`` prints every figure of the model card; ``hashes`` the sha256 of
+each shipped weight file.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ from renderq.models.shapes import common
 
 
 def _train(args: argparse.Namespace) -> None:
+    import time
+
     import torch
 
     torch.set_num_threads(args.threads)
     checkpoints = Path(args.checkpoints)
     stages = ["clip", "vae", "unet", "clip-gate"] if args.stage == "all" else [args.stage]
+    started = time.monotonic()
     for stage in stages:
         if stage == "clip":
             from renderq.models.shapes.clip_train import train_clip
@@ -46,6 +51,14 @@ def _train(args: argparse.Namespace) -> None:
                 unet_kwargs["warmup"] = args.warmup
             init = Path(args.init_from) if args.init_from else None
             train_unet(checkpoints, resume=not args.fresh, init_from=init, **unet_kwargs)
+    if args.stage == "all":
+        # The one command: every stage, then the shipped folders, their hashes, the time.
+        from renderq.models.shapes.build import build_all, weight_hashes
+
+        out = build_all(checkpoints, Path(args.out))
+        for name, digest in weight_hashes(out).items():
+            print(f"sha256 {digest}  {name}", flush=True)
+        print(f"[all] wall time {(time.monotonic() - started) / 60:.1f} min", flush=True)
 
 
 def _train_gate(args: argparse.Namespace, checkpoints: Path) -> None:
@@ -90,6 +103,13 @@ def _build(args: argparse.Namespace) -> None:
     from renderq.models.shapes.build import build_all
 
     build_all(Path(args.checkpoints), Path(args.out))
+
+
+def _hashes(args: argparse.Namespace) -> None:
+    from renderq.models.shapes.build import weight_hashes
+
+    for name, digest in weight_hashes(Path(args.weights)).items():
+        print(f"sha256 {digest}  {name}")
 
 
 def _unpack(args: argparse.Namespace) -> None:
@@ -150,7 +170,13 @@ def main(argv: list[str] | None = None) -> None:
         "--render-lr", type=float, default=None, help="peak learning rate (clip-gate part 2)"
     )
     train.add_argument("--warmup", type=int, default=None, help="warm-up steps (unet)")
+    train.add_argument(
+        "--out", default=str(common.WEIGHTS_DIR), help="where --stage all builds the weights"
+    )
     train.set_defaults(func=_train)
+    hashes = sub.add_parser("hashes", help="sha256 of every shipped weight file")
+    hashes.add_argument("--weights", default=str(common.WEIGHTS_DIR))
+    hashes.set_defaults(func=_hashes)
     build = sub.add_parser("build", help="assemble the shipped weight folders")
     build.add_argument("--checkpoints", default=str(common.DEFAULT_CHECKPOINTS))
     build.add_argument("--out", default=str(common.WEIGHTS_DIR))

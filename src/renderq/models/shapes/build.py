@@ -98,6 +98,16 @@ def build_all(checkpoints: Path, out: Path) -> Path:
     return out
 
 
+def weight_hashes(folder: Path) -> dict[str, str]:
+    """sha256 of every ``.safetensors`` file under ``folder``, keyed by its relative path."""
+    import hashlib
+
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*.safetensors"))
+    }
+
+
 def unpack_shipped(weights: Path, checkpoints: Path) -> Path:
     """Restore ``export/clip`` and ``export/vae`` from shipped weights, to continue training.
 

@@ -232,6 +232,9 @@ def render_training_set(pipeline_dir: Path, n: int, cache: Path, batch: int = 16
                     images.append(image)
                     kept.append(prompt)
             print(f"[clip-gate] rendered {min(n, i + batch)}/{n}", flush=True)
+            if (i // batch) % 16 == 15:  # a partial cache: an interrupted run resumes here
+                partial = {"images": list(images), "prompts": list(kept), "rendered": i + batch}
+                common.save_checkpoint(cache, partial)
         data = {"images": np.stack(images), "prompts": kept, "rendered": n}
         common.save_checkpoint(cache, data)
     labelled = label_renders(np.asarray(data["images"]), list(data["prompts"]))

@@ -105,7 +105,7 @@ def train_clip(
         rng = common.step_rng(seed, step)
         scenes = world.sample_batch(rng, batch_size)
         images = common.images_to_tensor([world.render(s) for s in scenes])
-        captions = [s.caption() for s in scenes]
+        captions = [world.training_caption(s, rng) for s in scenes]
         gen = torch.Generator().manual_seed(seed * 7919 + step)
         images = degrade(images, gen)
         text = tok(
