@@ -47,6 +47,8 @@ import httpx
 HERE = Path(__file__).resolve().parent
 TOKEN = "peers-bench"
 SYSTEMS = ("renderq", "ray-serve", "litserve")
+FLOOR = "fastapi"
+"""The bare FastAPI endpoint (``fastapi_peer.py``): the null pass's floor, not a peer."""
 
 
 @dataclass
@@ -130,6 +132,8 @@ class Server:
             cfg.write_text("\n".join(lines) + "\n")
             exe = Path(sys.executable).with_name("renderq")
             cmd = [str(exe), "serve", "--config", str(cfg), "--port", str(self.port)]
+        elif system == FLOOR:
+            cmd = [sys.executable, str(HERE / "fastapi_peer.py"), *common]
         elif system == "ray-serve":
             cmd = [sys.executable, str(HERE / "ray_peer.py"), *common, "--wait", str(setting)]
         else:
@@ -309,7 +313,11 @@ def main() -> None:
     ap.add_argument("--max-requests", type=int, default=1000)
     ap.add_argument("--max-batch-size", type=int, default=8)
     ap.add_argument("--sweep", default="0.01,0.05,0.1")
-    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument(
+        "--systems",
+        default=",".join((*SYSTEMS, FLOOR)),
+        help=f"systems to run; {FLOOR!r} (a bare FastAPI endpoint) runs in the null pass only",
+    )
     ap.add_argument("--null-rate", type=float, default=50.0)
     ap.add_argument("--null-duration", type=float, default=10.0)
     ap.add_argument("--null-sweep", help="timeouts for the null pass (default: --sweep)")
@@ -338,14 +346,18 @@ def main() -> None:
             passes.insert(0, ("model", args.model, rate, args.duration, sweep))
         for label, model, r, duration, timeouts in passes:
             times = trace(r, duration, args.max_requests, seed=1)
+            here = [sy for sy in systems if label == "null" or sy != FLOOR]
             runs: dict[tuple[str, float], list[Run]] = {}
             for k in range(args.repeat):
-                for system in systems[k % len(systems) :] + systems[: k % len(systems)]:
-                    for s in timeouts:
+                for system in here[k % len(here) :] + here[: k % len(here)]:
+                    # The floor has no batching timeout: one setting is all it has.
+                    for s in timeouts[:1] if system == FLOOR else timeouts:
                         got = measure(system, model, s, r, times, args, root)
                         runs.setdefault((system, s), []).append(got)
             rows = [dict(x.row(), round=i) for rs in runs.values() for i, x in enumerate(rs)]
-            chosen = [best([summary(runs[(sy, s)]) for s in timeouts]) for sy in systems]
+            chosen = [
+                best([summary(runs[(sy, s)]) for s in timeouts if (sy, s) in runs]) for sy in here
+            ]
             report[label] = {
                 "rate": r,
                 "requests": len(times),
@@ -381,6 +393,14 @@ def main() -> None:
                 f"{x['p50_s']:.4f} | {x['p99_s']:.4f} | {lo:.4f}-{hi:.4f} | "
                 f"{x['device_s_per_image']:.4f} | {x['mean_batch']:.2f} | {x['errors']} |"
             )
+        floor = next((x for x in part["best"] if x["system"] == FLOOR), None)
+        if floor is not None:
+            for x in part["best"]:
+                if x["system"] != FLOOR:
+                    p50, p99 = x["p50_s"] / floor["p50_s"], x["p99_s"] / floor["p99_s"]
+                    print(
+                        f"{x['system']} over the bare FastAPI floor: p50 {p50:.2f}x, p99 {p99:.2f}x"
+                    )
 
 
 if __name__ == "__main__":

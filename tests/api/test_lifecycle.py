@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -108,3 +109,45 @@ def test_schemathesis_finds_no_server_errors(server: Server) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     found = re.search(r"(\d+) generated, (\d+) passed", proc.stdout)
     assert found and int(found[1]) >= 50 and found[1] == found[2], proc.stdout[-2000:]
+
+
+def test_sigterm_keeps_the_socket_open_answering_503_draining_while_batches_finish(
+    tmp_path: Path, models: tuple[Path, Path]
+) -> None:
+    import threading
+
+    import httpx
+
+    cfg = write_config(tmp_path / "renderq.toml", tmp_path / "data", *models,
+                       max_batch_size=2, max_steps=200)  # fmt: skip
+    srv = start_server(cfg, tmp_path / "data", tmp_path / "server.log")
+    answers: list[int] = []
+    body = {"prompt": "a red circle", "n": 2, "steps": 200, "qa": False}
+
+    def call() -> None:
+        with srv.client() as c:
+            answers.append(c.post("/v1/images/generations", json=body).status_code)
+
+    callers = [threading.Thread(target=call) for _ in range(4)]
+    try:
+        for t in callers:
+            t.start()
+        with srv.client() as c:  # wait until a batch runs, then signal
+            deadline = time.monotonic() + 60
+            while c.get("/v1/stats").json()["running_batches"] == 0:
+                assert time.monotonic() < deadline, "no batch ever started"
+                time.sleep(0.02)
+            srv.proc.send_signal(signal.SIGTERM)
+            ready = c.get("/readyz")
+            assert ready.status_code == 503 and ready.json()["error"] == "draining", ready.text
+            late = c.post("/v1/images/generations", json={"prompt": "a blue square"})
+            assert late.status_code == 503 and late.json()["error"] == "draining", late.text
+            assert srv.proc.poll() is None, "the server stopped before its batches finished"
+        for t in callers:
+            t.join(timeout=120)
+        assert answers == [200] * 4, answers  # admitted before the signal: all answered
+        assert srv.proc.wait(timeout=60) in (0, -15)
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(srv.url + "/readyz", timeout=2)
+    finally:
+        srv.stop(signal.SIGKILL)

@@ -6,6 +6,8 @@ import base64
 import io
 import json
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 from PIL import Image
@@ -14,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.api.conftest import Server
 
 pytestmark = pytest.mark.slow
+T = TypeVar("T")
 
 
 def png(b64: str) -> Image.Image:
@@ -28,6 +31,19 @@ def wait_job(c, job_id: str, until: set[str], timeout: float = 180) -> dict:  # 
             return st  # type: ignore[no-any-return]
         time.sleep(0.2)
     raise AssertionError(f"job {job_id} never reached {until}: {st}")
+
+
+def wait_for(read: Callable[[], T], done: Callable[[T], bool], what: str,
+             timeout: float = 60, every: float = 0.05) -> T:  # fmt: skip
+    """Poll ``read()`` until ``done`` holds for it; fail naming ``what`` and the last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = read()
+        if done(value):
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}: {value!r}")
+        time.sleep(every)
 
 
 def test_generate_returns_openai_shaped_images_deterministically(server: Server) -> None:
@@ -92,8 +108,12 @@ def test_bulk_job_progress_images_and_cancel(server: Server) -> None:
         big_id = big.json()["id"]
         cancelled = c.delete(f"/v1/jobs/{big_id}").json()
         assert cancelled["state"] == "cancelled"
-        time.sleep(1.0)  # batches already running finish and are kept
-        after = c.get(f"/v1/jobs/{big_id}").json()
+        # Batches already running finish and are kept: wait until none is left, then read.
+        after = wait_for(
+            lambda: c.get(f"/v1/jobs/{big_id}").json(),
+            lambda st: st["in_flight"] == 0,
+            what=f"job {big_id}'s running batches to finish after the cancel",
+        )
         assert after["state"] == "cancelled" and after["accepted"] < 40
         assert after["accepted"] + after["escalated"] + after["pending"] == 40
         kept = c.get(f"/v1/jobs/{big_id}/images", params={"images": False}).json()

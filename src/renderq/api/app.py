@@ -14,6 +14,8 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from renderq import __version__
 from renderq.api.jobs import JobNotFound
@@ -32,8 +34,18 @@ from renderq.api.service import ImageResult, Refused, RenderService
 from renderq.core.errors import ConfigError
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 429, 503)
+    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 429, 503)
 }
+
+#: The reason of an error that Starlette or FastAPI answer themselves, by status.
+_HTTP_REASONS = {
+    400: "invalid_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "too_large",
+    415: "unsupported_media_type",
+}
+_PARSE_ERROR = "There was an error parsing the body"
 
 
 def _error(
@@ -72,6 +84,55 @@ async def tenant(request: Request) -> str:
 Tenant = Annotated[str, Depends(tenant)]
 
 
+class BodyLimit:
+    """Refuse a request body over ``limit`` bytes with 413 ``too_large``, before the app.
+
+    A declared ``Content-Length`` over the limit is refused unread; a body without one
+    (chunked) is read up to the limit here, then handed on, so the app never sees more.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None:
+            if length.isdigit() and int(length) > self.limit:
+                await self._refuse(scope, receive, send)
+                return
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size, more = 0, True
+        while more:
+            msg = await receive()
+            if msg["type"] != "http.request":  # the client left
+                return
+            chunks.append(msg.get("body", b""))
+            size += len(chunks[-1])
+            more = bool(msg.get("more_body", False))
+            if size > self.limit:
+                await self._refuse(scope, receive, send)
+                return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        detail = f"the request body is larger than the limit of {self.limit} bytes"
+        await _error(413, "too_large", detail, {"Connection": "close"})(scope, receive, send)
+
+
 def create_app(service: RenderService) -> FastAPI:
     """The app for one service; starting it loads the model, stopping it drains."""
 
@@ -89,6 +150,15 @@ def create_app(service: RenderService) -> FastAPI:
     )
     cfg = service.config
     app.state.service = service
+    app.add_middleware(BodyLimit, limit=cfg.max_body_bytes)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        detail = str(exc.detail)
+        if exc.status_code == 400 and detail == _PARSE_ERROR:
+            detail = "the request body could not be parsed: it must be JSON in UTF-8"
+        reason = _HTTP_REASONS.get(exc.status_code, "http_error")
+        return _error(exc.status_code, reason, detail, dict(exc.headers or {}) or None)
 
     @app.exception_handler(Refused)
     async def refused(_: Request, exc: Refused) -> JSONResponse:
@@ -193,8 +263,8 @@ def create_app(service: RenderService) -> FastAPI:
 
     @app.get("/v1/stats", responses=_ERRORS)
     async def stats(who: Tenant) -> dict[str, Any]:
-        """Queue depth, recent batch sizes, latency percentiles and the ledger."""
-        return await asyncio.to_thread(service.stats)
+        """The caller's tenant's queue, batch sizes, latency and ledger (an admin: all)."""
+        return await asyncio.to_thread(service.stats, who, cfg.is_admin(who))
 
     @app.get("/metrics", response_class=Response)
     async def metrics() -> Response:
@@ -212,8 +282,9 @@ def create_app(service: RenderService) -> FastAPI:
         """The model is loaded and the service admits work."""
         if service.ready.is_set() and not service.draining:
             return JSONResponse({"status": "ready", "model": cfg.model})
-        detail = service.load_error or ("draining" if service.draining else "loading the model")
-        return _error(503, "not_ready", detail)
+        if service.draining:
+            return _error(503, "draining", "the service is shutting down; retry elsewhere")
+        return _error(503, "not_ready", service.load_error or "loading the model")
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def dashboard() -> HTMLResponse:

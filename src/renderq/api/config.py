@@ -11,6 +11,7 @@ A config file looks like::
     scorer = "embedded:clip"
     device = "cpu"
     steps = 20
+    threads = 0          # torch CPU threads; 0: the cores other work leaves free
 
     [batching]
     max_batch_size = 8
@@ -18,10 +19,16 @@ A config file looks like::
     max_queue_per_key = 256
 
     [auth]
-    tokens = { "secret-token-a" = "team-a", "secret-token-b" = "team-b" }
+    tokens = { "secret-token-a" = "team-a", "secret-token-b" = "team-b", "ops-token" = "ops" }
+    admin_tenants = ["ops"]
     tenant_max_queued = 64
 
+    [limits]
+    max_body_bytes = 8388608
+
 ``RENDERQ_API_TOKENS`` adds tokens, comma-separated, each ``token`` or ``tenant:token``.
+A token of a tenant named in ``admin_tenants`` is an admin token: ``/v1/stats`` shows it
+every tenant's counts; every other token sees its own tenant's only.
 """
 
 from __future__ import annotations
@@ -65,6 +72,9 @@ class ServiceConfig:
     max_job_prompts: int = 10_000
     tokens: Mapping[str, str] = field(default_factory=dict)
     tenant_max_queued: int | None = None
+    admin_tenants: tuple[str, ...] = ()
+    max_body_bytes: int = 8 * 1024 * 1024
+    threads: int = 0
     profile: str | None = None
 
     def __post_init__(self) -> None:
@@ -83,11 +93,32 @@ class ServiceConfig:
             raise ConfigError(f"port must be in 0..65535, got {self.port}")
         if self.tenant_max_queued is not None and self.tenant_max_queued < 1:
             raise ConfigError(f"tenant_max_queued must be >= 1, got {self.tenant_max_queued}")
+        if self.threads < 0:
+            raise ConfigError(f"threads must be >= 0 (0: the free cores), got {self.threads}")
+        if self.max_body_bytes < 1:
+            raise ConfigError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
+        if self.profile is not None:
+            # Admission prices requests from the warm-up's own measured curve, corrected by
+            # the latency it observes; a profile file is not read, so taking one would lie.
+            raise ConfigError(
+                f"profile {self.profile!r}: the service does not read a profile; admission "
+                "prices from the cost curve it measures at start-up (remove the setting)"
+            )
+        unknown = sorted(set(self.admin_tenants) - set(self.tokens.values()))
+        if unknown:
+            raise ConfigError(
+                f"admin_tenants {', '.join(map(repr, unknown))} have no token in [auth] tokens "
+                f"or {TOKENS_ENV}"
+            )
 
     @property
     def auth_enabled(self) -> bool:
         """Whether bearer tokens are required."""
         return bool(self.tokens)
+
+    def is_admin(self, tenant: str) -> bool:
+        """Whether a tenant may see every tenant's numbers (everyone, without auth)."""
+        return not self.auth_enabled or tenant in self.admin_tenants
 
     def safe_host(self) -> tuple[str, str | None]:
         """The host to bind, and a warning when a public bind was refused for lack of tokens."""
@@ -124,7 +155,7 @@ def parse_env_tokens(text: str) -> dict[str, str]:
     return out
 
 
-_SECTIONS = ("model", "batching", "auth")
+_SECTIONS = ("model", "batching", "auth", "limits")
 
 
 def load_config(
@@ -153,6 +184,11 @@ def load_config(
     tokens.update(parse_env_tokens(environ.get(TOKENS_ENV, "")))
     if "data_dir" in data:
         data["data_dir"] = Path(data["data_dir"])
+    if "admin_tenants" in data:
+        admins = data["admin_tenants"]
+        if not isinstance(admins, list) or not all(isinstance(a, str) for a in admins):
+            raise ConfigError(f"admin_tenants must be a list of tenant names, got {admins!r}")
+        data["admin_tenants"] = tuple(admins)
     try:
         cfg = ServiceConfig(tokens=tokens, **data)
     except TypeError as exc:

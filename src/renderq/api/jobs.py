@@ -25,6 +25,7 @@ from renderq.core.policies import Windows
 from renderq.core.seeds import seed_for
 from renderq.core.types import Batch, BatchKey, Request
 from renderq.engine.job import STORE_NAME, JobListener, RunSettings, resume_points
+from renderq.engine.models import DEFAULT_MODEL, DEFAULT_SCORER
 from renderq.engine.realtime import LedgerRow, Step
 from renderq.engine.summary import Progress
 from renderq.output.dataset import DatasetWriter, atomic_write_text
@@ -47,14 +48,16 @@ class ServiceJob:
         self.tenant: str = meta["tenant"]
         self.key = key
         self.max_attempts = max_attempts
-        self.deferred = 0
         self.store = JobStore.open(folder / STORE_NAME)
         self.rows = {r.prompt.id: r.prompt for r in self.store.requests()}
         counts = self.store.counts()
+        config = self.store.job_config() or {}
         settings = RunSettings(
             prompts=folder / "prompts.txt",
             out=folder,
             mode="dynamic",
+            model=str(config.get("model", DEFAULT_MODEL)),
+            scorer=str(config.get("scorer", DEFAULT_SCORER)),
             max_attempts=max_attempts,
             guidance=float(meta["guidance"]),
         )

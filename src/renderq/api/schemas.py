@@ -123,6 +123,7 @@ class JobStatus(BaseModel):
     accepted: int
     escalated: int
     pending: int
+    in_flight: int = Field(0, description="Prompts in a render or score batch running now.")
     mode: str
     windows: str | None = None
     ledger: dict[str, object]

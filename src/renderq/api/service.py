@@ -40,6 +40,7 @@ from renderq.executors.base import Executor
 from renderq.scoring.base import Scorer
 
 INTERACTIVE_PRIORITY = 10
+DRAINING = "the service is shutting down; retry elsewhere"
 
 
 class Refused(Exception):
@@ -87,10 +88,27 @@ class Defaults:
 
 @dataclass(slots=True)
 class _Stats:
+    """Counts for ``/v1/stats``: one for the whole service, one per tenant."""
+
     latencies: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
     batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=100))
     served: int = 0
     rejected: int = 0
+    accepted: int = 0
+    device_seconds: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(("render", "score", "regen", "rescore"), 0.0)
+    )
+
+    def ledger(self) -> dict[str, Any]:
+        """This tenant's head-count share of the device-seconds booked so far."""
+        total = sum(self.device_seconds.values())
+        per10k = total / 3600 / self.accepted * 10_000 if self.accepted else None
+        return {
+            "device_seconds": dict(self.device_seconds),
+            "total_device_seconds": total,
+            "accepted": self.accepted,
+            "gpu_hours_per_10k_accepted": per10k,
+        }
 
 
 class RenderService:
@@ -107,6 +125,7 @@ class RenderService:
         self.ready = threading.Event()
         self.load_error: str | None = None
         self.draining = False
+        self._kept = 0
         self._load = load or load_models
         self._engine: RealtimeEngine | None = None
         self._sched: Scheduler | None = None
@@ -116,11 +135,14 @@ class RenderService:
         self._ids = itertools.count()
         self._nonce = uuid.uuid4().hex[:6]
         self._stats = _Stats()
+        self._tenants: dict[str, _Stats] = {}
         self.defaults: Defaults | None = None
         self._executor: Executor | None = None
         #: Images per second at the best batch size, measured at warm-up.
         self.capacity: float | None = None
         self.jobs = JobBook(config.data_dir / "jobs")
+        #: Bulk prompts waiting for room in their key's queue, per job (see ``_top_up``).
+        self._backlog: dict[str, deque[Request]] = {}
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -160,21 +182,39 @@ class RenderService:
         except Exception as exc:  # reported by /readyz
             self.load_error = f"{type(exc).__name__}: {exc}"
 
-    def drain(self, timeout_s: float = 60.0) -> None:
-        """Stop admission, drop queued bulk work (kept pending in its store), finish the rest."""
-        self.draining = True
-        if self._engine is None:
+    def begin_drain(self) -> None:
+        """Stop admission (new work answers 503 ``draining``); queued bulk prompts go back.
+
+        Idempotent: the signal handler calls it first, the app's shutdown again.
+        """
+        if self.draining:
             return
-        kept = self._call(self._cancel_queued_bulk).result(timeout=timeout_s)
+        self.draining = True
+        if self._engine is not None:
+            self._kept = self._call(self._cancel_queued_bulk).result(timeout=60)
+
+    def wait_idle(self, timeout_s: float = 60.0) -> bool:
+        """Wait until no batch runs and every admitted interactive request has its answer."""
+        if self._engine is None:
+            return True
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._call(lambda now: self._busy()).result(timeout=timeout_s) == 0:
-                break
+                return True
             time.sleep(0.05)
+        return False
+
+    def drain(self, timeout_s: float = 60.0) -> None:
+        """Stop admission, drop queued bulk work (kept pending in its store), finish the rest."""
+        self.begin_drain()
+        if self._engine is None:
+            return
+        self.wait_idle(timeout_s)
         self._call(lambda now: self.jobs.close()).result(timeout=timeout_s)
         self._engine.stop()
         if self._thread is not None:
             self._thread.join(timeout=timeout_s)
+        kept = self._kept
         print(f"renderq serve: drained; {kept} queued bulk prompts kept for the next start",
               file=sys.stderr, flush=True)  # fmt: skip
 
@@ -228,7 +268,8 @@ class RenderService:
                 for d in done:
                     self._forget(d.id, sched.cancel(d.id, now))
                 sched.forget(r.id)
-                self._refuse(429, verdict.reason, verdict.detail, verdict.retry_after_s or 1.0)
+                retry = verdict.retry_after_s or 1.0
+                self._refuse(429, verdict.reason, verdict.detail, retry, tenant)
             fut: Future[ImageResult] = Future()
             self._out[r.id] = _Outstanding(tenant, now, fut, r.qa)
             self._tenant_queued[tenant] = self._tenant_queued.get(tenant, 0) + 1
@@ -238,17 +279,24 @@ class RenderService:
 
     def _check_admission(self, tenant: str, n: int) -> None:
         if self.draining:
-            self._refuse(503, "draining", "the service is shutting down; retry elsewhere", 5.0)
+            self._refuse(503, "draining", DRAINING, 5.0, tenant)
         limit = self.config.tenant_max_queued
         queued = self._tenant_queued.get(tenant, 0)
+        if limit is not None and n > limit:  # never fits: retrying cannot help
+            raise ConfigError(f"n={n} is above this tenant's limit of {limit} queued requests")
         if limit is not None and queued + n > limit:
             self._refuse(
-                429, "tenant_limit", f"tenant has {queued} requests queued (limit {limit})", 1.0
-            )
+                429, "tenant_limit", f"tenant has {queued} requests queued (limit {limit})", 1.0,
+                tenant,
+            )  # fmt: skip
 
-    def _refuse(self, status: int, reason: str, detail: str, retry: float) -> None:
+    def _refuse(
+        self, status: int, reason: str, detail: str, retry: float, tenant: str | None = None
+    ) -> None:
         self.metrics.rejections.labels(reason=reason).inc()
         self._stats.rejected += 1
+        if tenant is not None:
+            self._tenant(tenant).rejected += 1
         raise Refused(status, reason, detail, retry)
 
     # -- bulk jobs --------------------------------------------------------------------
@@ -261,7 +309,7 @@ class RenderService:
             )
         key, guidance = self._key_of(opts)
         if self.draining:
-            self._refuse(503, "draining", "the service is shutting down; retry elsewhere", 5.0)
+            self._refuse(503, "draining", DRAINING, 5.0, tenant)
         mode = str(opts.get("mode", "dynamic"))
         windows = opts.get("windows")
 
@@ -284,7 +332,20 @@ class RenderService:
 
     def job_status(self, tenant: str, job_id: str) -> dict[str, Any]:
         """Progress and ledger of one of the tenant's jobs (JobNotFound otherwise)."""
-        return dict(self._call(lambda now: self.jobs.get(tenant, job_id).status()).result(60))
+        return dict(self._call(lambda now: self._job_status(tenant, job_id)).result(60))
+
+    def _job_status(self, tenant: str, job_id: str) -> dict[str, Any]:
+        """A job's status, with ``in_flight``: its prompts in a running render or score batch."""
+        job = self.jobs.get(tenant, job_id)
+        sched = self._scheduler()
+        busy = (RequestState.RUNNING, RequestState.SCORING)
+        prefix = job.id + SEP
+        # From the scheduler, not ``_out``: a cancelled job's running prompts have left
+        # ``_out`` but are still on the device.
+        in_flight = sum(
+            1 for rid, st in sched.states().items() if st in busy and rid.startswith(prefix)
+        )
+        return {**job.status(), "in_flight": in_flight}
 
     def job_images(
         self, tenant: str, job_id: str, offset: int, limit: int, with_images: bool
@@ -297,13 +358,41 @@ class RenderService:
         return page, total
 
     def _submit_job(self, job: ServiceJob, now: float) -> None:
-        sched = self._scheduler()
         # Job windows are in Unix time; the scheduler's clock is the engine's.
-        for r in job.pending_requests(clock_offset=now - time.time()):
-            if sched.submit(r, now).admitted:
-                self._out[r.id] = _Outstanding(job.tenant, now)
-            else:  # left pending in the job store; picked up when the job is resumed
-                job.deferred += 1
+        self._backlog[job.id] = deque(job.pending_requests(clock_offset=now - time.time()))
+        self._top_up(now)
+
+    def bulk_room(self) -> int | None:
+        """How many queued requests of one key bulk work may hold (None: no limit).
+
+        Bulk prompts fill three quarters of the per-key queue at most, so interactive
+        requests of the same key still find room.
+        """
+        limit = self.config.max_queue_per_key
+        return None if limit is None else max(1, limit * 3 // 4)
+
+    def _top_up(self, now: float) -> None:
+        """Move bulk prompts from their jobs' backlogs into the queue as room frees.
+
+        Backpressure, not refusal: a job larger than the queue waits in its store and
+        flows in as batches leave, so it finishes without a restart.
+        """
+        if not self._backlog or self.draining:
+            return
+        sched = self._scheduler()
+        room = self.bulk_room()
+        depths = sched.queue_depths()
+        for job_id, backlog in list(self._backlog.items()):
+            while backlog and (room is None or depths.get(backlog[0].key, 0) < room):
+                r = backlog.popleft()
+                if not sched.submit(r, now).admitted:  # full some other way: try again later
+                    sched.forget(r.id)
+                    backlog.appendleft(r)
+                    break
+                self._out[r.id] = _Outstanding(r.tenant, now)
+                depths[r.key] = depths.get(r.key, 0) + 1
+            if not backlog:
+                del self._backlog[job_id]
 
     def cancel_job(self, tenant: str, job_id: str) -> dict[str, Any]:
         """Cancel a job: queued prompts are dropped now, rendered images are kept."""
@@ -311,10 +400,11 @@ class RenderService:
         def cancel(now: float) -> dict[str, Any]:
             job = self.jobs.get(tenant, job_id)
             job.mark_cancelled()
+            self._backlog.pop(job.id, None)
             sched = self._scheduler()
             for rid in [r for r in self._out if r.startswith(job.id + SEP)]:
                 self._forget(rid, sched.cancel(rid, now))
-            return job.status()
+            return self._job_status(tenant, job_id)
 
         return dict(self._call(cancel).result(timeout=60))
 
@@ -329,8 +419,10 @@ class RenderService:
         return {"model": self.config.model, "scorer": self.config.scorer, "guidance": guidance}
 
     def _cancel_queued_bulk(self, now: float) -> int:
+        """Drop queued and waiting bulk prompts (they stay pending in their job stores)."""
         sched = self._scheduler()
-        kept = 0
+        kept = sum(len(b) for b in self._backlog.values())
+        self._backlog.clear()
         for rid in list(self._out):
             if SEP in rid and sched.state(rid) is RequestState.QUEUED:
                 self._forget(rid, sched.cancel(rid, now))
@@ -343,6 +435,8 @@ class RenderService:
         """Batch metrics, and the job listeners' progress counts."""
         self.metrics.batch_size.observe(batch.size)
         self._stats.batch_sizes.append(batch.size)
+        for t in {r.tenant for r in batch.requests}:
+            self._tenant(t).batch_sizes.append(batch.size)
         for r in batch.requests:
             o = self._out.get(r.id)
             if o is not None:
@@ -367,10 +461,12 @@ class RenderService:
             else (step.score.device_class if step.score else "")
         )
         shares = job_shares(reqs, secs, step.kind, dev)
+        self._book_tenants(reqs, secs, step.kind)
         for job, sub in self.jobs.split_step(step, shares).items():
             job.step(sub)
         for ev in step.events:
             self._on_event(ev, step, now)
+        self._top_up(now)
 
     def _on_event(self, ev: Event, step: Step, now: float) -> None:
         if isinstance(ev, Regenerating):
@@ -380,6 +476,7 @@ class RenderService:
             return
         o = self._out.get(ev.request.id)
         if isinstance(ev, Accepted):
+            self._tenant(ev.request.tenant).accepted += 1
             skipped = o is not None and not o.qa
             self.metrics.qa.labels(outcome="skipped" if skipped else "pass").inc()
         elif isinstance(ev, Escalated):
@@ -409,6 +506,9 @@ class RenderService:
             self._stats.latencies.append(now - o.submitted)
             self.metrics.latency.labels(kind=kind).observe(now - o.submitted)
             self._stats.served += 1
+            mine = self._tenant(o.tenant)
+            mine.latencies.append(now - o.submitted)
+            mine.served += 1
         self._forget(ev.request.id, [])
 
     def _forget(self, request_id: str, events: Sequence[Event]) -> None:
@@ -426,11 +526,17 @@ class RenderService:
 
     # -- inspection -------------------------------------------------------------------
 
-    def stats(self) -> dict[str, Any]:
-        """Numbers for the dashboard (taken on the loop thread)."""
+    def stats(self, tenant: str | None = None, admin: bool = True) -> dict[str, Any]:
+        """Numbers for the dashboard (taken on the loop thread).
+
+        ``admin``: the whole service, with each tenant's numbers under ``tenants``;
+        otherwise only ``tenant``'s own requests, batches, latencies and ledger share.
+        """
         if self._engine is None:
             return {"ready": False, "load_error": self.load_error}
-        return dict(self._call(self._stats_now).result(timeout=10))
+        if admin or tenant is None:
+            return dict(self._call(self._stats_now).result(timeout=10))
+        return dict(self._call(lambda now: self._tenant_stats(tenant)).result(timeout=10))
 
     def _stats_now(self, now: float) -> dict[str, Any]:
         sched = self._scheduler()
@@ -440,6 +546,7 @@ class RenderService:
         return {
             "ready": True,
             "draining": self.draining,
+            "scope": "all",
             "queue_depth": depths,
             "queued": sum(depths.values()),
             "running_batches": len(sched.running_batches()),
@@ -450,7 +557,53 @@ class RenderService:
             "rejected": self._stats.rejected,
             "capacity_images_per_s": self.capacity,
             "ledger": sched.ledger.report().to_dict(),
+            "tenants": {t: self._tenant_stats(t) for t in sorted(self._tenants)},
         }
+
+    def _tenant_stats(self, tenant: str) -> dict[str, Any]:
+        """One tenant's view: its own queued and running work, and its share of the ledger."""
+        sched = self._scheduler()
+        depths: dict[str, int] = {}
+        for rid, o in self._out.items():
+            if o.tenant == tenant and sched.state(rid) is RequestState.QUEUED:
+                label = sched.request(rid).key.label()
+                depths[label] = depths.get(label, 0) + 1
+        running = sum(
+            1 for b in sched.running_batches() if any(r.tenant == tenant for r in b.requests)
+        )
+        mine = self._tenants.get(tenant) or _Stats()
+        return {
+            "ready": True,
+            "draining": self.draining,
+            "scope": tenant,
+            "queue_depth": depths,
+            "queued": sum(depths.values()),
+            "running_batches": running,
+            "recent_batch_sizes": list(mine.batch_sizes),
+            "latency_p50_s": percentile(mine.latencies, 50),
+            "latency_p99_s": percentile(mine.latencies, 99),
+            "served": mine.served,
+            "rejected": mine.rejected,
+            "capacity_images_per_s": self.capacity,
+            "ledger": mine.ledger(),
+        }
+
+    def _tenant(self, tenant: str) -> _Stats:
+        found = self._tenants.get(tenant)
+        if found is None:
+            found = self._tenants[tenant] = _Stats()
+        return found
+
+    def _book_tenants(self, reqs: Sequence[Request], seconds: float, kind: str) -> None:
+        """Each tenant's head-count share of a batch's device-seconds (as jobs are booked)."""
+        if not reqs or seconds <= 0 or kind not in ("render", "score"):
+            return
+        per = seconds / len(reqs)
+        first, retry = ("render", "regen") if kind == "render" else ("score", "rescore")
+        for r in reqs:
+            booked = self._tenant(r.tenant).device_seconds
+            stage = first if r.attempt == 0 else retry
+            booked[stage] = booked.get(stage, 0.0) + per
 
     def metrics_text(self) -> bytes:
         """Prometheus exposition; refreshes the scheduler's gauges first."""
@@ -496,7 +649,10 @@ class RenderService:
     def _busy(self) -> int:
         sched = self._scheduler()
         states = sched.states().values()
-        return sum(1 for s in states if s in (RequestState.RUNNING, RequestState.SCORING))
+        running = sum(1 for s in states if s in (RequestState.RUNNING, RequestState.SCORING))
+        # Admitted interactive requests are a promise: they are answered before the stop.
+        waiting = sum(1 for o in self._out.values() if o.future is not None)
+        return running + waiting
 
     def _executor_check_size(self, width: int, height: int) -> None:
         check = getattr(self._executor, "check_size", None)

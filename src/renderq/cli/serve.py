@@ -9,6 +9,9 @@ import typer
 
 from renderq.core.errors import ConfigError
 
+DRAIN_S = 120
+"""Longest a SIGTERM waits for running batches and admitted requests before it stops."""
+
 
 def serve_command(
     host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1).")] = None,
@@ -22,13 +25,25 @@ def serve_command(
     max_queue_delay: Annotated[
         float | None, typer.Option(help="Dynamic batching delay, s.")
     ] = None,
+    threads: Annotated[
+        int | None,
+        typer.Option(help="Torch CPU threads (default 0: the cores other work leaves free)."),
+    ] = None,
 ) -> None:
-    """Serve interactive renders and bulk jobs over HTTP, batched dynamically."""
+    """Serve interactive renders and bulk jobs over HTTP, batched dynamically.
+
+    Bearer tokens come from the config file's [auth] tokens and from the
+    RENDERQ_API_TOKENS environment variable (comma-separated, each TOKEN or
+    TENANT:TOKEN); without any token the service binds 127.0.0.1 only. SIGTERM
+    drains: new requests answer 503 draining while running batches finish.
+    See docs/serve.md.
+    """
     try:
         import uvicorn
 
         from renderq.api.app import create_app
         from renderq.api.config import load_config
+        from renderq.api.server import DrainingServer
         from renderq.api.service import RenderService
     except ImportError as exc:
         raise typer.BadParameter(
@@ -45,6 +60,7 @@ def serve_command(
             device=device,
             max_batch_size=max_batch_size,
             max_queue_delay_s=max_queue_delay,
+            threads=threads,
         )
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
@@ -52,13 +68,28 @@ def serve_command(
     if warning:
         typer.echo(f"renderq serve: {warning}", err=True)
     auth = f"{len(cfg.tokens)} API token(s)" if cfg.auth_enabled else "no auth (loopback only)"
-    typer.echo(
-        f"renderq serve: {cfg.model} on {cfg.device}, {auth}, jobs in {cfg.data_dir}", err=True
-    )
-    uvicorn.run(
-        create_app(RenderService(cfg)),
+    on = cfg.device
+    try:
+        from renderq.executors.diffusers import free_cores, quiet_libraries
+    except ImportError:  # the null model needs no diffusers
+        pass
+    else:
+        quiet_libraries()
+        if cfg.device == "cpu" and cfg.model != "null":
+            import torch
+
+            # torch's default, a thread per core, oversubscribes a shared machine: its
+            # thread team waits on the others' time slices (and on the event loop's).
+            n = cfg.threads or free_cores()
+            torch.set_num_threads(n)
+            on = f"cpu ({n} torch thread{'s' if n > 1 else ''})"
+    typer.echo(f"renderq serve: {cfg.model} on {on}, {auth}, jobs in {cfg.data_dir}", err=True)
+    service = RenderService(cfg)
+    server_config = uvicorn.Config(
+        create_app(service),
         host=bind,
         port=cfg.port,
         log_level="warning",
-        timeout_graceful_shutdown=120,
+        timeout_graceful_shutdown=DRAIN_S,
     )
+    DrainingServer(server_config, service, drain_s=float(DRAIN_S)).run()
