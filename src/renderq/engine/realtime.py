@@ -24,7 +24,6 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from renderq.core.errors import ConfigError, WorkerLost
 from renderq.core.events import Admission, Event, ToScore
 from renderq.core.ledger import Ledger
 from renderq.core.scheduler import Scheduler
+from renderq.core.score_stage import ScoreJob, ScoreStage, score_cap
 from renderq.core.types import Batch, BatchResult, ItemResult, Request, ScoreResult
 from renderq.executors.base import Executor
 from renderq.scoring.base import Scorer
@@ -78,14 +78,6 @@ class Listener(Protocol):
         ...
 
 
-@dataclass(slots=True)
-class _ScoreJob:
-    requests: list[Request]
-    images: list[Any]
-    tries: int = 0
-    sent: float = 0.0
-
-
 _RENDERED, _SCORED, _SCORE_FAILED, _CALL = "rendered", "scored", "score_failed", "call"
 _LOST = "lost"
 MAX_LOSSES = 3
@@ -115,30 +107,27 @@ class RealtimeEngine:
         """
         if not executors:
             raise ConfigError("the engine needs at least one executor")
-        if score_batch_size < 1:
-            raise ConfigError(f"score batch size must be >= 1, got {score_batch_size}")
-        if score_retries < 0:
-            raise ConfigError(f"score retries must be >= 0, got {score_retries}")
         self.scheduler = scheduler
         self.executors = dict(executors)
         self.scorer = scorer
         self.listener = listener
-        cap = scheduler.policy.max_batch_size
-        self.score_batch_size = min(score_batch_size, cap) if cap else score_batch_size
-        self.score_retries = score_retries
         self._clock = clock
         self._t0 = clock()
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._render_q: dict[str, queue.Queue[Batch | None]] = {
             dc: queue.Queue() for dc in self.executors
         }
-        self._score_q: queue.Queue[_ScoreJob | None] = queue.Queue()
-        self._free = dict.fromkeys(self.executors, 1)
-        self._scorer_busy = False
+        self._score_q: queue.Queue[ScoreJob | None] = queue.Queue()
+        self._workers = dict.fromkeys(self.executors, 1)
+        self._free = dict(self._workers)
         shares = scorer.device_class in self.executors
-        self._shared = scorer.device_class if (shares and share_device is not False) else None
-        self._to_score: deque[tuple[Request, Any]] = deque()
-        self._retry: deque[_ScoreJob] = deque()
+        self.scoring = ScoreStage(
+            score_cap(score_batch_size, scheduler.policy.max_batch_size),
+            scorer.device_class,
+            shared=scorer.device_class if (shares and share_device is not False) else None,
+            retries=score_retries,
+        )
+        self._score_sent = 0.0
         self._sent: dict[int, float] = {}  # render batch id -> when its worker got it
         self._losses = dict.fromkeys(self.executors, 0)  # batches lost in a row per class
         self._threads: list[threading.Thread] = []
@@ -147,7 +136,12 @@ class RealtimeEngine:
     @property
     def shares_device(self) -> bool:
         """Whether scoring and rendering take turns on the scorer's device class."""
-        return self._shared is not None
+        return self.scoring.shared is not None
+
+    @property
+    def score_batch_size(self) -> int:
+        """The largest score batch."""
+        return self.scoring.batch_size
 
     def now(self) -> float:
         """Seconds since the engine was created (the scheduler's time axis)."""
@@ -220,39 +214,24 @@ class RealtimeEngine:
     def _finished(self) -> bool:
         return (
             self.scheduler.idle()
-            and not self._to_score
-            and not self._retry
-            and not self._scorer_busy
-            and all(n == 1 for n in self._free.values())
+            and self.scoring.idle()
+            and all(self._free[dc] == n for dc, n in self._workers.items())
         )
 
     def _dispatch(self, now: float) -> None:
-        self._dispatch_score()
+        job = self.scoring.take(self._free, self._workers)
+        if job is not None:
+            self._score_sent = self.now()
+            self._score_q.put(job)
         free = dict(self._free)
-        if self._shared is not None and self._scorer_busy:
-            free[self._shared] = 0  # the scorer holds the device; renders wait their turn
+        held = self.scoring.holds()
+        if held is not None:
+            free[held] = 0  # the scorer holds the device; renders wait their turn
         for batch in self.scheduler.schedule(now, free):
             self._free[batch.key.device_class] -= 1
             self.listener.started(batch)
             self._sent[batch.id] = self.now()
             self._render_q[batch.key.device_class].put(batch)
-
-    def _dispatch_score(self) -> None:
-        if self._scorer_busy:
-            return
-        if self._shared is not None and self._free[self._shared] < 1:
-            return  # a render batch holds the shared device; scoring goes when it returns
-        if self._retry:
-            job = self._retry.popleft()
-        elif self._to_score:
-            n = min(self.score_batch_size, len(self._to_score))
-            pairs = [self._to_score.popleft() for _ in range(n)]
-            job = _ScoreJob([r for r, _ in pairs], [im for _, im in pairs])
-        else:
-            return
-        self._scorer_busy = True
-        job.sent = self.now()
-        self._score_q.put(job)
 
     def _handle(self, msg: tuple[str, Any]) -> None:
         kind, payload = msg
@@ -272,17 +251,12 @@ class RealtimeEngine:
             self._on_lost(*payload)
         elif kind == _SCORED:
             job, result = payload
-            self._scorer_busy = False
+            self.scoring.done()
             self._on_scored(job, result)
         elif kind == _SCORE_FAILED:
             job, error = payload
-            self._scorer_busy = False
-            job.tries += 1
-            if job.tries <= self.score_retries:
-                self._retry.append(job)
-            else:
-                n = len(job.requests)
-                failed = ScoreResult((None,) * n, 0.0, self.scorer.device_class, (error,) * n)
+            failed = self.scoring.failed(job, error)
+            if failed is not None:
                 self._on_scored(job, failed)
 
     def _on_rendered(self, batch: Batch, result: BatchResult) -> None:
@@ -290,7 +264,7 @@ class RealtimeEngine:
         events = tuple(self.scheduler.on_result(result, self.now()))
         for ev in events:
             if isinstance(ev, ToScore):
-                self._to_score.append((ev.request, ev.image))
+                self.scoring.add(ev.request, ev.image)
         rows = _delta(before, self.scheduler.ledger)
         held = self.now() - self._sent.pop(batch.id, self.now())
         self.listener.step(Step("render", events, rows, batch=batch, render=result, held_s=held))
@@ -319,7 +293,7 @@ class RealtimeEngine:
             self._start_worker(self._render_worker, dc, f"render-{dc}")
         self._free[dc] += 1
 
-    def _on_scored(self, job: _ScoreJob, result: ScoreResult) -> None:
+    def _on_scored(self, job: ScoreJob, result: ScoreResult) -> None:
         before = _snapshot(self.scheduler.ledger)
         ids = [r.id for r in job.requests]
         events = tuple(self.scheduler.on_scores(ids, result, self.now()))
@@ -333,7 +307,7 @@ class RealtimeEngine:
                 scored=tuple(job.requests),
                 score=result,
                 images=images,
-                held_s=self.now() - job.sent,
+                held_s=self.now() - self._score_sent,
             )
         )
 

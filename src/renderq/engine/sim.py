@@ -27,6 +27,7 @@ from renderq.core.ledger import LedgerReport
 from renderq.core.policies import Policy
 from renderq.core.qa import DEFAULT_MAX_ATTEMPTS, QAPolicy
 from renderq.core.scheduler import Scheduler
+from renderq.core.score_stage import ScoreStage, score_cap
 from renderq.core.stats import percentile
 from renderq.core.types import TERMINAL, Batch, BatchKey, Request, RequestState, ScoreResult
 from renderq.engine.arrivals import Arrival
@@ -97,6 +98,10 @@ class SimResult:
     renders: int
     rerenders: int
     makespan_s: float
+    #: Every render and score batch in the order it came back: ``(stage, ((id, attempt),
+    #: ...))``. The real-time engine cuts the same batches in the same order for the same
+    #: trace (tests/engine/test_drivers_agree.py).
+    log: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()
 
     def percentile(self, q: float) -> float | None:
         """Latency percentile (nearest rank) of finished requests, seconds."""
@@ -134,16 +139,16 @@ class _Loop:
     sched: Scheduler
     executor: SimulatedExecutor
     scorer: SimulatedScorer
+    scoring: ScoreStage
     heap: list[tuple[float, int, int, Any]] = field(default_factory=list)
     seq: itertools.count[int] = field(default_factory=itertools.count)
     free: int = 0
-    scorer_busy: bool = False
-    to_score: deque[Request] = field(default_factory=deque)
     wakes: set[float] = field(default_factory=set)
     done_at: dict[str, float] = field(default_factory=dict)
     arrived: dict[str, float] = field(default_factory=dict)
     pending: deque[Request] = field(default_factory=deque)
     batch_sizes: list[int] = field(default_factory=list)
+    log: list[tuple[str, tuple[tuple[str, int], ...]]] = field(default_factory=list)
     renders: int = 0
     rerenders: int = 0
     accepted: int = 0
@@ -158,12 +163,15 @@ class _Loop:
             if not self.sched.submit(payload, now).admitted:
                 self.finished(payload.id, now)
         elif kind == _RENDERED:
-            _batch, result = payload
+            batch, result = payload
+            self.log.append(("render", tuple((r.id, r.attempt) for r in batch.requests)))
             self.free += 1
             self.note(self.sched.on_result(result, now), now)
         elif kind == _SCORED:
-            ids, result = payload
-            self.scorer_busy = False
+            reqs, result = payload
+            ids = [r.id for r in reqs]
+            self.log.append(("score", tuple((r.id, r.attempt) for r in reqs)))
+            self.scoring.done()
             self.note(self.sched.on_scores(ids, result, now), now)
         else:
             self.wakes.discard(payload)
@@ -171,7 +179,7 @@ class _Loop:
     def note(self, events: Sequence[Event], now: float) -> None:
         for ev in events:
             if isinstance(ev, ToScore):
-                self.to_score.append(ev.request)
+                self.scoring.add(ev.request, None)
             elif isinstance(ev, Accepted):
                 self.accepted += 1
                 self.finished(ev.request.id, now)
@@ -187,12 +195,9 @@ class _Loop:
             self.push(now, _ARRIVE, self.pending.popleft())
 
     def dispatch(self, now: float) -> None:
-        shared = self.cfg.share_device
-        # Shared: the scorer takes the device only when no render runs, and goes first.
-        if not shared or self.free == self.cfg.render_workers:
-            self.dispatch_score(now)
         dc = self.cfg.profile.device_class
-        free = 0 if shared and self.scorer_busy else self.free
+        self.dispatch_score(now, dc)
+        free = 0 if self.scoring.holds() == dc else self.free
         for batch in self.sched.schedule(now, {dc: free}):
             self.start(batch, now)
         wake = self.sched.next_wakeup(now)
@@ -200,18 +205,17 @@ class _Loop:
             self.wakes.add(wake)
             self.push(wake, _WAKE, wake)
 
-    def dispatch_score(self, now: float) -> None:
-        if not self.scorer_busy and self.to_score:
-            cap = min(self.cfg.profile.score.cap(), self.cfg.score_batch_size or 1 << 30)
-            reqs = [self.to_score.popleft() for _ in range(min(cap, len(self.to_score)))]
+    def dispatch_score(self, now: float, dc: str) -> None:
+        job = self.scoring.take({dc: self.free}, {dc: self.cfg.render_workers})
+        if job is not None:
+            reqs = job.requests
             if self.cfg.qa:
                 result = self.scorer.score(reqs)
                 held = result.device_seconds + self.cfg.score_overhead_s
             else:  # no gate: nothing is scored, nothing costs scorer time
                 result = ScoreResult((None,) * len(reqs), 0.0, self.scorer.device_class)
                 held = 0.0
-            self.scorer_busy = True
-            self.push(now + held, _SCORED, ([r.id for r in reqs], result))
+            self.push(now + held, _SCORED, (reqs, result))
 
     def start(self, batch: Batch, now: float) -> None:
         self.free -= 1
@@ -292,6 +296,11 @@ def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
             cfg.threshold,
             cfg.outcomes,
         ),
+        ScoreStage(
+            score_cap(cfg.score_batch_size, policy.max_batch_size, profile.score.cap()),
+            profile.device_class,
+            shared=profile.device_class if cfg.share_device else None,
+        ),
         free=cfg.render_workers,
     )
     requests = []
@@ -345,4 +354,5 @@ def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
         renders=loop.renders,
         rerenders=loop.rerenders,
         makespan_s=now,
+        log=tuple(loop.log),
     )
