@@ -58,20 +58,13 @@ def _text_config(vocab_size: int) -> Any:
     )
 
 
-def build_tiny_pipeline(folder: Path, *, seed: int = 0, sample_size: int = 32) -> Path:
-    """Save a tiny random ``StableDiffusionPipeline`` (64x64 images by default) to ``folder``."""
+def _unet(seed: int, sample_size: int, **config: Any) -> Any:
+    """diffusers' two-block test UNet (one cross-attention block), seeded."""
     import torch
-    from diffusers import (
-        AutoencoderKL,
-        DDIMScheduler,
-        StableDiffusionPipeline,
-        UNet2DConditionModel,
-    )
-    from transformers import CLIPTextModel
+    from diffusers import UNet2DConditionModel
 
-    tokenizer = char_tokenizer()
     torch.manual_seed(seed)
-    unet = UNet2DConditionModel(
+    return UNet2DConditionModel(
         block_out_channels=(8, 16),
         layers_per_block=1,
         sample_size=sample_size,
@@ -79,9 +72,40 @@ def build_tiny_pipeline(folder: Path, *, seed: int = 0, sample_size: int = 32) -
         out_channels=4,
         down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
         up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-        cross_attention_dim=32,
         norm_num_groups=4,
+        **config,
     )
+
+
+def _vae(seed: int, **config: Any) -> Any:
+    """diffusers' two-block test VAE (4 latent channels, 2x down), seeded."""
+    import torch
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(seed)
+    return AutoencoderKL(
+        block_out_channels=[8, 16],
+        in_channels=3,
+        out_channels=3,
+        down_block_types=["DownEncoderBlock2D", "DownEncoderBlock2D"],
+        up_block_types=["UpDecoderBlock2D", "UpDecoderBlock2D"],
+        latent_channels=4,
+        norm_num_groups=4,
+        **config,
+    )
+
+
+def build_tiny_pipeline(folder: Path, *, seed: int = 0, sample_size: int = 32) -> Path:
+    """Save a tiny random ``StableDiffusionPipeline`` (64x64 images by default) to ``folder``."""
+    import torch
+    from diffusers import (
+        DDIMScheduler,
+        StableDiffusionPipeline,
+    )
+    from transformers import CLIPTextModel
+
+    tokenizer = char_tokenizer()
+    unet = _unet(seed, sample_size, cross_attention_dim=32)
     scheduler = DDIMScheduler(
         beta_start=0.00085,
         beta_end=0.012,
@@ -90,16 +114,7 @@ def build_tiny_pipeline(folder: Path, *, seed: int = 0, sample_size: int = 32) -
         set_alpha_to_one=False,
         steps_offset=1,
     )
-    torch.manual_seed(seed + 1)
-    vae = AutoencoderKL(
-        block_out_channels=[8, 16],
-        in_channels=3,
-        out_channels=3,
-        down_block_types=["DownEncoderBlock2D", "DownEncoderBlock2D"],
-        up_block_types=["UpDecoderBlock2D", "UpDecoderBlock2D"],
-        latent_channels=4,
-        norm_num_groups=4,
-    )
+    vae = _vae(seed + 1)
     torch.manual_seed(seed + 2)
     text_encoder = CLIPTextModel(_text_config(len(tokenizer)))
     pipe = StableDiffusionPipeline(
@@ -205,31 +220,22 @@ def build_tiny_sdxl(folder: Path, *, seed: int = 0) -> Path:
     """Save a tiny random ``StableDiffusionXLPipeline`` (two CLIP towers, 64x64 by default)."""
     import torch
     from diffusers import (
-        AutoencoderKL,
         EulerDiscreteScheduler,
         StableDiffusionXLPipeline,
-        UNet2DConditionModel,
     )
     from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
     tokenizer = char_tokenizer()
-    torch.manual_seed(seed)
-    unet = UNet2DConditionModel(
-        block_out_channels=(8, 16),
-        layers_per_block=1,
-        sample_size=32,
-        in_channels=4,
-        out_channels=4,
-        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+    unet = _unet(
+        seed,
+        32,
+        cross_attention_dim=64,  # both CLIP towers' hidden states side by side
         attention_head_dim=(2, 4),
         use_linear_projection=True,
         addition_embed_type="text_time",
         addition_time_embed_dim=8,
         transformer_layers_per_block=(1, 1),
-        projection_class_embeddings_input_dim=6 * 8 + 16,
-        cross_attention_dim=64,
-        norm_num_groups=4,
+        projection_class_embeddings_input_dim=6 * 8 + 16,  # six time ids + pooled text
     )
     scheduler = EulerDiscreteScheduler(
         beta_start=0.00085,
@@ -238,17 +244,7 @@ def build_tiny_sdxl(folder: Path, *, seed: int = 0) -> Path:
         beta_schedule="scaled_linear",
         timestep_spacing="leading",
     )
-    torch.manual_seed(seed + 1)
-    vae = AutoencoderKL(
-        block_out_channels=[8, 16],
-        in_channels=3,
-        out_channels=3,
-        down_block_types=["DownEncoderBlock2D", "DownEncoderBlock2D"],
-        up_block_types=["UpDecoderBlock2D", "UpDecoderBlock2D"],
-        latent_channels=4,
-        norm_num_groups=4,
-        sample_size=64,
-    )
+    vae = _vae(seed + 1, sample_size=64)
     torch.manual_seed(seed + 2)
     text_encoder = CLIPTextModel(_text_config(len(tokenizer)))
     torch.manual_seed(seed + 3)
