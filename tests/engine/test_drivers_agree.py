@@ -7,20 +7,17 @@ come back must be identical, request by request and attempt by attempt.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
-
 import pytest
 
 from renderq.core.policies import AdHoc, Dynamic, Policy, Window
 from renderq.core.qa import QAPolicy
 from renderq.core.scheduler import Scheduler
-from renderq.core.types import Batch, BatchResult, ItemResult, Request, ScoreResult
+from renderq.core.types import Request
 from renderq.engine.arrivals import Arrival
-from renderq.engine.realtime import RealtimeEngine, Step
+from renderq.engine.realtime import RealtimeEngine
 from renderq.engine.sim import SimConfig, profile_key, simulate
 from renderq.profiles import load_profile
+from renderq.testing.fakes import FakeExecutor, RecordingListener, ScriptedScorer
 
 PROFILE = load_profile("article-sdxl-a100")
 N = 23
@@ -29,48 +26,19 @@ FAILS = {("r0000003", 0), ("r0000003", 1), ("r0000010", 0), ("r0000017", 0)}
 THRESHOLD = 0.25
 
 
-@dataclass
-class Executor:
-    device_class: str = PROFILE.device_class
-
-    def run(self, batch: Batch) -> BatchResult:
-        items = tuple(ItemResult(r.id, image=(r.id, r.attempt)) for r in batch.requests)
-        return BatchResult(batch.id, items, 0.001, self.device_class)
-
-
-@dataclass
-class Scorer:
-    device_class: str = PROFILE.device_class
-    calls: list[int] = field(default_factory=list)
-
-    def score(self, images: Sequence[Any], prompts: Sequence[str]) -> ScoreResult:
-        scores = tuple(THRESHOLD - 0.1 if tuple(im) in FAILS else THRESHOLD + 0.1 for im in images)
-        return ScoreResult(scores, 0.001, self.device_class)
-
-
-@dataclass
-class Log:
-    entries: list[tuple[str, tuple[tuple[str, int], ...]]] = field(default_factory=list)
-
-    def started(self, batch: Batch) -> None:
-        pass
-
-    def step(self, step: Step) -> None:
-        reqs = step.batch.requests if step.kind == "render" and step.batch else step.scored
-        self.entries.append((step.kind, tuple((r.id, r.attempt) for r in reqs)))
-
-
 def _real(policy: Policy, score_batch_size: int) -> list[tuple[str, tuple[tuple[str, int], ...]]]:
     sched = Scheduler(policy, qa=QAPolicy(threshold=THRESHOLD, max_attempts=3))
-    log = Log()
+    dc = PROFILE.device_class
+    log = RecordingListener()
+    scorer = ScriptedScorer(frozenset(FAILS), dc, pass_score=THRESHOLD + 0.1, fail_score=0.1)
     engine = RealtimeEngine(
-        sched, {PROFILE.device_class: Executor()}, Scorer(), log, score_batch_size=score_batch_size
+        sched, {dc: FakeExecutor(dc)}, scorer, log, score_batch_size=score_batch_size
     )
     key = profile_key(PROFILE)
     for i in range(N):  # the simulator's ids and seeds for the same trace
         engine.submit(Request(f"r{i:07d}", f"prompt {i}", key, base_seed=i))
     engine.run()
-    return log.entries
+    return log.log()
 
 
 @pytest.mark.parametrize(

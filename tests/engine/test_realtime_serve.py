@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from typing import Any
 
 import pytest
 
@@ -12,25 +10,11 @@ from renderq.core.events import Accepted
 from renderq.core.policies import Dynamic
 from renderq.core.qa import QAPolicy
 from renderq.core.scheduler import Scheduler
-from renderq.core.types import Batch, BatchKey, BatchResult, ItemResult, Request, ScoreResult
+from renderq.core.types import Batch, BatchKey, Request
 from renderq.engine.realtime import RealtimeEngine, Step
+from renderq.testing.fakes import FakeExecutor, ScriptedScorer
 
 KEY = BatchKey("m", 64, 64, 2, True, "ddim", "fp32", "cpu")
-
-
-class NullExecutor:
-    device_class = "cpu"
-
-    def run(self, batch: Batch) -> BatchResult:
-        items = tuple(ItemResult(r.id, image=r.id) for r in batch.requests)
-        return BatchResult(batch.id, items, 0.001, "cpu")
-
-
-class PassScorer:
-    device_class = "cpu"
-
-    def score(self, images: Sequence[Any], prompts: Sequence[str]) -> ScoreResult:
-        return ScoreResult((1.0,) * len(images), 0.001, "cpu")
 
 
 class Collect:
@@ -50,7 +34,7 @@ class Collect:
 def test_calls_submit_from_other_threads_while_the_loop_keeps_running() -> None:
     sched = Scheduler(Dynamic(0.01, 4), qa=QAPolicy(threshold=0.5))
     listener = Collect()
-    engine = RealtimeEngine(sched, {"cpu": NullExecutor()}, PassScorer(), listener)
+    engine = RealtimeEngine(sched, {"cpu": FakeExecutor()}, ScriptedScorer(), listener)
     loop = threading.Thread(target=lambda: engine.run(until_idle=False), daemon=True)
     loop.start()
     verdicts = [
@@ -87,7 +71,7 @@ def test_a_timer_that_runs_out_between_two_clock_reads_still_cuts_the_batch(step
     sched = Scheduler(Dynamic(0.1, 4), qa=QAPolicy(threshold=0.5))
     listener = Collect()
     engine = RealtimeEngine(
-        sched, {"cpu": NullExecutor()}, PassScorer(), listener, clock=TickingClock(step)
+        sched, {"cpu": FakeExecutor()}, ScriptedScorer(), listener, clock=TickingClock(step)
     )
     engine.submit(Request("r0", "a red circle", KEY))
     loop = threading.Thread(target=engine.run, daemon=True)

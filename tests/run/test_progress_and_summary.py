@@ -14,18 +14,11 @@ from renderq.cli.progress import ProgressBar, ProgressLines
 from renderq.core.ledger import Ledger
 from renderq.engine.summary import Progress, RunSummary
 from renderq.executors.diffusers import DeviceTimer, free_cores
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
+from renderq.testing.fakes import ManualClock
 
 
 def test_without_a_terminal_a_line_is_printed_every_few_seconds() -> None:
-    clock, out = Clock(), io.StringIO()
+    clock, out = ManualClock(), io.StringIO()
     lines = ProgressLines(every_s=5.0, stream=out, clock=clock)
     p = Progress(40, accepted=3)
     for t in (1.0, 4.9, 5.0, 7.0, 10.5, 11.0):
