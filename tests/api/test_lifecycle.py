@@ -132,10 +132,13 @@ def test_sigterm_keeps_the_socket_open_answering_503_draining_while_batches_fini
     try:
         for t in callers:
             t.start()
-        with srv.client() as c:  # wait until a batch runs, then signal
+        with srv.client() as c:  # wait until all 8 images are admitted and a batch runs
             deadline = time.monotonic() + 60
-            while c.get("/v1/stats").json()["running_batches"] == 0:
-                assert time.monotonic() < deadline, "no batch ever started"
+            while True:
+                st = c.get("/v1/stats").json()
+                if st["running_batches"] and st["queued"] + 2 * st["running_batches"] >= 8:
+                    break
+                assert time.monotonic() < deadline, f"the calls were never all admitted: {st}"
                 time.sleep(0.02)
             srv.proc.send_signal(signal.SIGTERM)
             ready = c.get("/readyz")
@@ -151,3 +154,16 @@ def test_sigterm_keeps_the_socket_open_answering_503_draining_while_batches_fini
             httpx.get(srv.url + "/readyz", timeout=2)
     finally:
         srv.stop(signal.SIGKILL)
+
+
+def test_serve_runs_torch_on_the_configured_threads_and_prints_the_port_bound(
+    tmp_path: Path, models: tuple[Path, Path]
+) -> None:
+    # torch's default (a thread per core) made the render's thread team wait on the event
+    # loop's and other work's time slices: overload cost a third of the device.
+    cfg = write_config(tmp_path / "renderq.toml", tmp_path / "data", *models, threads=1)
+    srv = start_server(cfg, tmp_path / "data", tmp_path / "server.log")
+    srv.stop()
+    log = (tmp_path / "server.log").read_text()
+    port = srv.url.rsplit(":", 1)[1]
+    assert "on cpu (1 torch thread)" in log and f"listening on http://127.0.0.1:{port}" in log
