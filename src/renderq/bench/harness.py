@@ -18,6 +18,8 @@ after each mode and, outside the server scenario, in between its own batches (th
 speed drifts between the profile and the run, or during it (a shared or throttled one),
 moves the profile's limit, not the reference timed alongside the mode. **Paired**
 efficiency prices each stretch of the mode at the reference batch timed right after it.
+Neither is bounded by itself on a machine that changes speed mid-run, so each real run
+carries a stability verdict (:mod:`renderq.bench.stability`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from renderq.core.cost import Profile
 from renderq.core.errors import ConfigError
@@ -34,6 +36,9 @@ from renderq.core.policies import Policy
 from renderq.core.types import Stage
 from renderq.engine.arrivals import Arrival, arrivals
 from renderq.engine.sim import SimConfig, SimResult, simulate
+
+if TYPE_CHECKING:
+    from renderq.bench.stability import Stability
 
 SCENARIOS = ("offline", "server", "single-stream")
 
@@ -159,6 +164,11 @@ class ModeRun:
     paired: float | None = None
     """Real runs with interleaved references: each stretch of the mode's batches against the
     reference batch timed right after it (see :func:`paired_efficiency`)."""
+    round: int = 0
+    """Real runs with ``--repeat``: which round (from 0) this run belongs to."""
+    stability: Stability | None = None
+    """Real runs: whether the run measured the mode or a machine changing under it; an
+    unstable run's ``meets_p99`` is None (see :mod:`renderq.bench.stability`)."""
 
     @property
     def efficiency_reference(self) -> float | None:
@@ -184,6 +194,8 @@ class ModeRun:
             throughput_accepted_per_s=(
                 self.result.accepted / self.result.makespan_s if self.result.makespan_s else None
             ),
+            round=self.round,
+            stability=None if self.stability is None else self.stability.to_dict(),
         )
         return out
 

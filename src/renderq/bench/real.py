@@ -119,6 +119,8 @@ class RealBench:
     score_batch_size: int = 32
     share_device: bool | None = None
     last: Recording | None = None
+    clock: Callable[[], float] = time.monotonic
+    """The engine's clock (a test may give one that its fake stages advance)."""
 
     def backend(self) -> Backend:
         """This bench as a harness backend (the failure rate is what the model does)."""
@@ -163,7 +165,7 @@ class RealBench:
         """
         rec = Recording()
         executor: Executor = self.executor
-        clock: Callable[[], float] = time.monotonic
+        clock = self.clock
         if interleave is not None:
             if scenario.name == "server":
                 raise ConfigError("reference batches cannot interleave a server scenario")
@@ -173,6 +175,7 @@ class RealBench:
                 self.executor,
                 every * size,
                 lambda: self.direct_batches(size, 1, next(firsts))[0],
+                self.clock,
             )
             executor, clock = interleaved, interleaved.clock
             rec.reference_s, rec.stretches = interleaved.reference_s, interleaved.stretches
@@ -263,13 +266,20 @@ class _Interleaved:
     one runs), for the engine, so the mode's own timeline is not stretched by them.
     """
 
-    def __init__(self, inner: Executor, images: int, reference: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        inner: Executor,
+        images: int,
+        reference: Callable[[], float],
+        wall: Callable[[], float] = time.monotonic,
+    ) -> None:
         if images < 1:
             raise ConfigError(f"reference batches need an interval >= 1 image, got {images}")
         self.inner = inner
         self.device_class = inner.device_class
         self.images = images
         self.reference = reference
+        self._wall = wall
         self._lock = threading.Lock()
         self._paused = 0.0
         self._since: float | None = None
@@ -289,7 +299,7 @@ class _Interleaved:
     def clock(self) -> float:
         """Monotonic seconds, not counting the reference batches."""
         with self._lock:
-            now = time.monotonic() if self._since is None else self._since
+            now = self._wall() if self._since is None else self._since
             return now - self._paused
 
     def run(self, batch: Batch) -> BatchResult:
@@ -302,13 +312,13 @@ class _Interleaved:
             self._rendered -= self.images
             self.close_stretch()
             with self._lock:
-                self._since = time.monotonic()
+                self._since = self._wall()
             try:
                 self.reference_s.append(self.reference())
             finally:
                 with self._lock:
                     assert self._since is not None
-                    self._paused += time.monotonic() - self._since
+                    self._paused += self._wall() - self._since
                     self._since = None
         return result
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from renderq.bench.fidelity import Calibration, Fidelity, calibrated_profile, replay
@@ -19,6 +19,7 @@ from renderq.bench.harness import (
 )
 from renderq.bench.model_profile import ProfileSettings, profile_loaded
 from renderq.bench.real import RealBench
+from renderq.bench.stability import STABILITY_BOUND, Stability, round_order
 from renderq.core.cost import Profile
 from renderq.core.errors import ConfigError
 from renderq.core.policies import Policy
@@ -109,61 +110,104 @@ def run_real(
     limit: Limit,
     compare_sim: bool,
     reference_every: int = REFERENCE_EVERY,
+    *,
+    repeat: int = 1,
+    workers: int = 1,
+    stability_bound: float = STABILITY_BOUND,
 ) -> tuple[list[ModeRun], list[dict[str, Any]]]:
-    """Every mode for real (and replayed in the simulator when asked).
+    """Every mode for real (and replayed in the simulator when asked), ``repeat`` rounds.
 
     The mode's reference: the limit's batch size timed straight through the executor, two
     batches before the mode, two after, and (``reference_every`` > 0, scenarios other than
     server) one each time the mode has rendered ``reference_every`` such batches' worth of
     images; the median of them all. Interleaved, they see the machine the mode saw, even
-    one whose speed drifts from minute to minute.
+    one whose speed drifts from minute to minute. Each run gets a stability verdict
+    against ``stability_bound``; an unstable run's p99 bound is not judged. Round ``r``
+    starts at the ``r``-th mode, so no mode always runs first (on a cold machine) or last.
     """
     if reference_every < 0:
         raise ConfigError(f"--reference-every must be >= 0, got {reference_every}")
-    size = limit.batch_size
-    every = 0 if scenario.name == "server" else reference_every
+    if repeat < 1:
+        raise ConfigError(f"--repeat must be >= 1, got {repeat}")
+    if workers != 1:
+        raise ConfigError(
+            f"--workers {workers} is for the simulator: the real bench drives one render "
+            "worker (one loaded pipeline); give --workers 1 or --executor sim"
+        )
     runs: list[ModeRun] = []
     fidelity: list[dict[str, Any]] = []
-    for name, policy in policies.items():
-        before = bench.direct_batches(size, 2)
-        result = bench.run(policy, scenario, (size, every) if every else None)
-        rec = bench.last
-        assert rec is not None
-        first = [ok for (_, attempt), ok in rec.outcomes.items() if attempt == 0]
-        fail = 1 - sum(first) / len(first) if first else 0.0
-        p99 = result.percentile(99)
-        meets = None if scenario.p99_bound_s is None or p99 is None else p99 <= scenario.p99_bound_s
-        after = bench.direct_batches(size, 2, first=3_000_000)
-        timed = (*before, *rec.reference_s, *after)
-        # The tail (after the last interleaved reference) pairs with the first batch after.
-        paired = paired_efficiency(rec.stretches, [*rec.reference_s, after[0]], size)
-        runs.append(
-            ModeRun(
-                name,
-                fail,
-                result,
-                efficiency(result, limit),
-                utilisation(result),
-                meets,
-                size / statistics.median(timed),
-                timed,
-                paired,
-            )
-        )
-        if compare_sim:
-            cal = calibrated_profile(rec, profile, f"{profile.name}-calibrated")
-            calibration = Calibration.of(rec)
-            sims = [
-                replay(
-                    policy,
-                    rec,
-                    cal,
-                    max_attempts=bench.max_attempts,
-                    qa=bench.qa,
-                    score_batch_size=bench.score_batch_size,
-                    calibration=c,
-                )
-                for c in (calibration, Calibration())
-            ]
-            fidelity.append(Fidelity(name, result, sims[0], calibration, sims[1]).to_dict())
+    for r in range(repeat):
+        for name in round_order(list(policies), r):
+            run, row = _one_mode(
+                bench, profile, name, policies[name], scenario, limit, compare_sim,
+                reference_every, stability_bound,
+            )  # fmt: skip
+            runs.append(replace(run, round=r))
+            if row is not None:
+                fidelity.append({**row, "round": r})
     return runs, fidelity
+
+
+def _one_mode(
+    bench: RealBench,
+    profile: Profile,
+    name: str,
+    policy: Policy,
+    scenario: Scenario,
+    limit: Limit,
+    compare_sim: bool,
+    reference_every: int,
+    bound: float,
+) -> tuple[ModeRun, dict[str, Any] | None]:
+    size = limit.batch_size
+    every = 0 if scenario.name == "server" else reference_every
+    before = bench.direct_batches(size, 2)
+    result = bench.run(policy, scenario, (size, every) if every else None)
+    rec = bench.last
+    assert rec is not None
+    first = [ok for (_, attempt), ok in rec.outcomes.items() if attempt == 0]
+    fail = 1 - sum(first) / len(first) if first else 0.0
+    after = bench.direct_batches(size, 2, first=3_000_000)
+    timed = (*before, *rec.reference_s, *after)
+    # The tail (after the last interleaved reference) pairs with the first batch after.
+    paired = paired_efficiency(rec.stretches, [*rec.reference_s, after[0]], size)
+    run = ModeRun(
+        name,
+        fail,
+        result,
+        efficiency(result, limit),
+        utilisation(result),
+        None,
+        size / statistics.median(timed),
+        timed,
+        paired,
+    )
+    stability = Stability.check(
+        name,
+        timed,
+        rec.batches,
+        (("against the reference", run.efficiency_reference), ("paired", paired)),
+        bound,
+    )
+    p99 = result.percentile(99)
+    meets = None
+    if stability.stable and scenario.p99_bound_s is not None and p99 is not None:
+        meets = p99 <= scenario.p99_bound_s
+    run = replace(run, meets_p99=meets, stability=stability)
+    if not compare_sim:
+        return run, None
+    cal = calibrated_profile(rec, profile, f"{profile.name}-calibrated")
+    calibration = Calibration.of(rec)
+    sims = [
+        replay(
+            policy,
+            rec,
+            cal,
+            max_attempts=bench.max_attempts,
+            qa=bench.qa,
+            score_batch_size=bench.score_batch_size,
+            calibration=c,
+        )
+        for c in (calibration, Calibration())
+    ]
+    return run, Fidelity(name, result, sims[0], calibration, sims[1]).to_dict()

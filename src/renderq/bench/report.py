@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from renderq.bench.harness import Limit, ModeRun
+from renderq.bench.stability import FIGURES, summarise
 from renderq.core.cost import Profile
 from renderq.core.types import Stage
 
@@ -15,8 +16,11 @@ def _f(v: float | None, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def markdown(runs: Sequence[ModeRun], limit: Limit, title: str) -> str:
-    """One row per mode and failure rate."""
+def markdown(
+    runs: Sequence[ModeRun], limit: Limit, title: str, p99_bound_s: float | None = None
+) -> str:
+    """One row per mode and failure rate (real runs: per round, with its stability verdict;
+    over several rounds, each figure's median and range)."""
     lines = [
         f"### {title}",
         "",
@@ -27,11 +31,19 @@ def markdown(runs: Sequence[ModeRun], limit: Limit, title: str) -> str:
         "p50 s | p99 s | p99 bound met | mean batch | accepted | escalated |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    judged = any(r.stability is not None for r in runs)
+    rounds = len({r.round for r in runs})
+    if judged:
+        lines[-2] = lines[-2].replace("| mode |", "| mode | round | run |")
+        lines[-1] += "---|---|"
     for r in runs:
         h = r.result.ledger.gpu_hours()
         met = "-" if r.meets_p99 is None else ("yes" if r.meets_p99 else "no")
+        if r.stability is not None and not r.stability.stable:
+            met = "not judged (unstable)"
+        cells = "" if r.stability is None else f" {r.round + 1} | {r.stability.verdict()} |"
         lines.append(
-            f"| {r.mode} | {r.failure_rate:.2f} | {_f(r.efficiency, '.3f')} | "
+            f"| {r.mode} |{cells} {r.failure_rate:.2f} | {_f(r.efficiency, '.3f')} | "
             f"{_f(r.utilisation, '.3f')} | {h['total']:.4f} | {h['regen']:.4f} | "
             f"{_f(r.result.percentile(50), '.2f')} | {_f(r.result.percentile(99), '.2f')} | "
             f"{met} | {r.result.mean_batch_size:.1f} | {r.result.accepted} | "
@@ -55,7 +67,66 @@ def markdown(runs: Sequence[ModeRun], limit: Limit, title: str) -> str:
             )
             + ".",
         ]
+    if judged:
+        lines += ["", *_stability_lines(runs)]
+    if rounds > 1:
+        lines += ["", *summary_table(summarise(runs, p99_bound_s), rounds)]
     return "\n".join(lines) + "\n"
+
+
+def _stability_lines(runs: Sequence[ModeRun]) -> list[str]:
+    bound = next(r.stability.bound for r in runs if r.stability is not None)
+    lines = [
+        f"Stability (bound {bound:.2f}: the slowest reference batch within {1 + bound:.2f}x "
+        f"the fastest, the mode's smoothed speed within {1 + bound:.2f}x, no efficiency "
+        f"above {1 + bound:.2f}): "
+        + "; ".join(
+            f"{r.mode} round {r.round + 1} {r.stability.verdict()}"
+            f" (reference spread {_f(r.stability.reference_spread, '.2f')}x, "
+            f"drift {_f(r.stability.drift, '.2f')}x)"
+            for r in runs
+            if r.stability is not None
+        )
+        + "."
+    ]
+    for r in runs:
+        if r.stability is not None and not r.stability.stable:
+            lines.append(
+                f"- **{r.mode} round {r.round + 1} is unstable**, its figures measure the "
+                "machine, not the mode, and no target is judged on it: "
+                + "; ".join(r.stability.reasons)
+                + "."
+            )
+    return lines
+
+
+def summary_table(summary: dict[str, dict[str, Any]], rounds: int) -> list[str]:
+    """Median (range) of each figure per mode over its rounds."""
+    head = " | ".join(label for _, label in FIGURES)
+    lines = [
+        f"Over {rounds} rounds (each round starts at the next mode): median (min-max).",
+        "",
+        f"| mode | rounds stable | {head} | p99 bound met |",
+        "|---|---|" + "---|" * len(FIGURES) + "---|",
+    ]
+    for mode, s in summary.items():
+        cells = []
+        for key, _ in FIGURES:
+            f = s["figures"][key]
+            spec = ".2f" if key.endswith("_s") or key == "device_seconds" else ".3f"
+            cells.append(
+                "-"
+                if f["median"] is None
+                else f"{f['median']:{spec}} ({f['min']:{spec}}-{f['max']:{spec}})"
+            )
+        met = s["meets_p99_bound"]
+        verdict = "-" if met is None else ("yes" if met else "no")
+        if not s["stable"]:
+            verdict = "not judged (unstable)"
+        lines.append(
+            f"| {mode} | {s['rounds_stable']}/{s['rounds']} | {' | '.join(cells)} | {verdict} |"
+        )
+    return lines
 
 
 def fidelity_table(rows: Sequence[dict[str, Any]]) -> str:
@@ -78,7 +149,7 @@ def fidelity_table(rows: Sequence[dict[str, Any]]) -> str:
         d, p, c = r["device_seconds"], r["p99_s"], r["calibration"]
         speed = "-" if c["speed_min"] is None else f"{c['speed_min']:.2f}-{c['speed_max']:.2f}"
         lines.append(
-            f"| {r['mode']} | {d['real']:.2f} | {d['sim']:.2f} | {_pct(d['rel_error'])} | "
+            f"| {_mode(r)} | {d['real']:.2f} | {d['sim']:.2f} | {_pct(d['rel_error'])} | "
             f"{_f(p['real'], '.2f')} | {_ci(p['real_ci'])} | "
             f"{_f(p['sim'], '.2f')} | {_pct(p['rel_error'])} | {_yes(p['sim_in_real_ci'])} | "
             f"{_f(p.get('sim_medians_only'), '.2f')} | "
@@ -86,6 +157,10 @@ def fidelity_table(rows: Sequence[dict[str, Any]]) -> str:
             f"{c['render_overhead_s'] * 1e3:.1f} / {c['score_overhead_s'] * 1e3:.1f} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _mode(row: dict[str, Any]) -> str:
+    return row["mode"] if row.get("round") is None else f"{row['mode']} (round {row['round'] + 1})"
 
 
 def _ci(ci: dict[str, Any]) -> str:

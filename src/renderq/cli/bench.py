@@ -17,6 +17,7 @@ from renderq.bench.harness import (
     sim_backend,
 )
 from renderq.bench.report import fidelity_table, markdown, plots
+from renderq.bench.stability import STABILITY_BOUND, summarise
 from renderq.cli.simulate import make_policy, parse_modes
 from renderq.core.errors import ConfigError
 from renderq.engine.models import DEFAULT_MODEL, DEFAULT_SCORER
@@ -31,6 +32,22 @@ def _rates(text: str) -> list[float]:
     if not rates or any(not 0 <= r <= 1 for r in rates):
         raise ConfigError(f"failure rates must be in [0, 1], got {text!r}")
     return rates
+
+
+def _check_real_options(executor: str, repeat: int, workers: int, bound: float) -> None:
+    if repeat < 1:
+        raise ConfigError(f"--repeat must be >= 1, got {repeat}")
+    if not bound > 0:
+        raise ConfigError(f"--stability-bound must be > 0, got {bound}")
+    if executor == "sim" and repeat != 1:
+        raise ConfigError(
+            f"--repeat {repeat} needs --executor real (a simulated round repeats exactly)"
+        )
+    if executor == "real" and workers != 1:
+        raise ConfigError(
+            f"--workers {workers} is for the simulator: the real bench drives one render "
+            "worker (one loaded pipeline); give --workers 1 or --executor sim"
+        )
 
 
 def bench_command(
@@ -50,7 +67,9 @@ def bench_command(
     max_batch_size: Annotated[int | None, typer.Option(help="Cap below the profile's.")] = None,
     max_queue_delay: Annotated[float, typer.Option(help="Dynamic mode delay cap, s.")] = 0.5,
     windows: Annotated[str, typer.Option(help="Window mode windows.")] = "always",
-    workers: Annotated[int, typer.Option(help="Render workers.")] = 1,
+    workers: Annotated[
+        int, typer.Option(help="Sim: render workers (the real bench drives one).")
+    ] = 1,
     seed: Annotated[int, typer.Option(help="Seed of arrivals and failures.")] = 0,
     executor: Annotated[str, typer.Option(help="sim (cost model) or real (a pipeline).")] = "sim",
     model: Annotated[str, typer.Option(help="Real: diffusers pipeline.")] = DEFAULT_MODEL,
@@ -71,6 +90,21 @@ def bench_command(
             "(0: only before and after the mode)."
         ),
     ] = REFERENCE_EVERY,
+    repeat: Annotated[
+        int,
+        typer.Option(
+            help="Real: run every mode N times, each round starting at the next mode; "
+            "report each figure's median and range."
+        ),
+    ] = 1,
+    stability_bound: Annotated[
+        float,
+        typer.Option(
+            help="Real: a run is unstable when its slowest reference batch took over "
+            "1+B times its fastest, its own batches drifted over 1+B against their size's "
+            "median, or an efficiency came out above 1+B."
+        ),
+    ] = STABILITY_BOUND,
     out: Annotated[Path | None, typer.Option(help="Write bench.json, bench.md, plots.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON report.")] = False,
 ) -> None:
@@ -83,6 +117,7 @@ def bench_command(
             raise ConfigError("--compare-sim needs --executor real")
         if reference_every < 0:
             raise ConfigError(f"--reference-every must be >= 0, got {reference_every}")
+        _check_real_options(executor, repeat, workers, stability_bound)
         bench = None
         if executor == "real":
             from renderq.bench.realrun import RealSettings, load_bench
@@ -121,8 +156,9 @@ def bench_command(
             from renderq.bench.realrun import run_real
 
             runs, fidelity = run_real(
-                bench, prof, policies, scen, limit, compare_sim, reference_every
-            )
+                bench, prof, policies, scen, limit, compare_sim, reference_every,
+                repeat=repeat, workers=workers, stability_bound=stability_bound,
+            )  # fmt: skip
         else:
             backend = sim_backend(
                 prof, qa=qa, workers=workers, seed=seed, max_attempts=max_attempts
@@ -146,11 +182,19 @@ def bench_command(
         "profile": {"name": prof.name, "source": dict(prof.source)},
         "limit": {"batch_size": limit.batch_size, "images_per_second": limit.images_per_second},
         "runs": [r.to_dict() for r in runs],
-        "modes": {r.mode: r.to_dict() for r in runs if r.failure_rate == runs[0].failure_rate},
+        "modes": {
+            r.mode: r.to_dict()
+            for r in runs
+            if r.failure_rate == runs[0].failure_rate and r.round == 0
+        },
     }
+    if bench is not None:
+        report["repeat"] = repeat
+        report["stability_bound"] = stability_bound
+        report["summary"] = summarise(runs, p99_bound)
     if fidelity:
         report["compare_sim"] = fidelity
-    table = markdown(runs, limit, title) + (fidelity_table(fidelity) if fidelity else "")
+    table = markdown(runs, limit, title, p99_bound) + (fidelity_table(fidelity) if fidelity else "")
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
