@@ -8,7 +8,12 @@ the served rate, the share admitted, p50/p99 latency of admitted requests, the s
 admitted requests that missed their deadline, and the service's peak resident memory.
 
 Bounded: at most ``--max-requests`` per load, every request times out, loopback only.
-Run: ``python bench/serve_load.py [--loads 0.5,1,2,10] [--duration 30] [--deadline 20]``.
+``--threads 0,2`` runs two servers one after the other in the same run (the service's
+default, the cores other work leaves free, then two torch threads, torch's own default on
+a 2-core machine), both offered multiples of the first one's capacity.
+
+Run: ``python bench/serve_load.py [--loads 0.5,1,2,10] [--duration 30] [--deadline 20]
+[--threads 0,2]``.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -46,11 +52,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(args: argparse.Namespace, root: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start(
+    args: argparse.Namespace, root: Path, threads: int = 0
+) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     cfg = root / "renderq.toml"
     lines = [
         f'data_dir = "{root / "data"}"',
+        f"threads = {threads}",
         f"max_batch_size = {args.max_batch_size}",
         f"max_queue_delay_s = {args.max_queue_delay}",
         f"max_queue_per_key = {args.queue}",
@@ -129,6 +138,51 @@ def pct(values: list[float], q: float) -> float:
     return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
 
 
+def measure(
+    args: argparse.Namespace, root: Path, threads: int, capacity: float | None
+) -> tuple[float, float, list[dict[str, Any]]]:
+    """One server (``threads`` torch threads) through every load; its capacity and rows.
+
+    The loads are multiples of ``capacity`` when given (the first server's), so that every
+    setting is offered the same rates; else of the capacity this server measured.
+    """
+    proc, url = start(args, root, threads)
+    try:
+        stats = httpx.get(url + "/v1/stats", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+        own = float(stats["capacity_images_per_s"])
+        base = own if capacity is None else capacity
+        rows = []
+        for i, factor in enumerate(float(f) for f in args.loads.split(",")):
+            busy_before = os.getloadavg()[0]
+            outs = asyncio.run(load(url, factor * base, args, seed=i))
+            ok = [o for o in outs if o.status == 200]
+            rows.append(
+                {
+                    "threads": threads,
+                    "load": factor,
+                    "offered_per_s": factor * base,
+                    "sent": len(outs),
+                    "served_per_s": len(ok) / args.duration,
+                    "admitted_share": len(ok) / len(outs) if outs else math.nan,
+                    "p50_s": pct([o.latency for o in ok], 50),
+                    "p99_s": pct([o.latency for o in ok], 99),
+                    "missed_deadline_share": (
+                        sum(o.latency > args.deadline for o in ok) / len(ok) if ok else math.nan
+                    ),
+                    "refusals": sorted({o.reason for o in outs if o.status != 200}),
+                    "peak_rss_mib": peak_rss_mib(proc.pid),
+                    # The one-minute load average around the load: other work on the
+                    # cores shows here (the bench and the server add their own share).
+                    "loadavg": [busy_before, os.getloadavg()[0]],
+                }
+            )
+            time.sleep(args.deadline)  # let the queue drain between loads
+        return own, base, rows
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=300)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--loads", default="0.5,1,2,10")
@@ -141,43 +195,31 @@ def main() -> None:
     ap.add_argument("--model")
     ap.add_argument("--scorer")
     ap.add_argument("--steps", type=int)
+    ap.add_argument(
+        "--threads",
+        default="0",
+        help="torch threads of the server, comma-separated for several servers side by side "
+        "(0: the cores other work leaves free, the default); every server is offered "
+        "multiples of the first one's capacity",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    settings = [int(t) for t in args.threads.split(",")]
+    servers, rows = [], []
     with tempfile.TemporaryDirectory(prefix="renderq-load-") as tmp:
-        proc, url = start(args, Path(tmp))
-        try:
-            stats = httpx.get(
-                url + "/v1/stats", headers={"Authorization": f"Bearer {TOKEN}"}
-            ).json()
-            capacity = float(stats["capacity_images_per_s"])
-            rows = []
-            for i, factor in enumerate(float(f) for f in args.loads.split(",")):
-                outs = asyncio.run(load(url, factor * capacity, args, seed=i))
-                ok = [o for o in outs if o.status == 200]
-                row = {
-                    "load": factor,
-                    "offered_per_s": factor * capacity,
-                    "sent": len(outs),
-                    "served_per_s": len(ok) / args.duration,
-                    "admitted_share": len(ok) / len(outs) if outs else math.nan,
-                    "p50_s": pct([o.latency for o in ok], 50),
-                    "p99_s": pct([o.latency for o in ok], 99),
-                    "missed_deadline_share": (
-                        sum(o.latency > args.deadline for o in ok) / len(ok) if ok else math.nan
-                    ),
-                    "refusals": sorted({o.reason for o in outs if o.status != 200}),
-                    "peak_rss_mib": peak_rss_mib(proc.pid),
-                }
-                rows.append(row)
-                time.sleep(args.deadline)  # let the queue drain between loads
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=300)
+        base: float | None = None
+        for threads in settings:
+            root = Path(tmp) / f"threads-{threads}"
+            root.mkdir()
+            own, base, got = measure(args, root, threads, base)
+            servers.append({"threads": threads, "capacity_images_per_s": own})
+            rows += got
     if args.json:
         print(
             json.dumps(
                 {
-                    "capacity_images_per_s": capacity,
+                    "servers": servers,
+                    "offered_base_images_per_s": base,
                     "deadline_s": args.deadline,
                     "duration_s": args.duration,
                     "loads": rows,
@@ -186,21 +228,23 @@ def main() -> None:
             )
         )
         return
+    caps = ", ".join(f"threads {s['threads']}: {s['capacity_images_per_s']:.2f}" for s in servers)
     print(
-        f"capacity {capacity:.2f} images/s (warm-up, best batch), deadline {args.deadline} s, "
-        f"{args.duration} s per load, {os.cpu_count()} CPU cores"
+        f"capacity (warm-up, best batch) {caps} images/s; loads are multiples of {base:.2f}; "
+        f"deadline {args.deadline} s, {args.duration} s per load, {os.cpu_count()} CPU cores"
     )
     print(
-        "| load | offered/s | sent | served/s | admitted | p50 s | p99 s | missed deadline "
-        "| refusals | peak RSS MiB |"
+        "| threads | load | offered/s | sent | served/s | admitted | p50 s | p99 s "
+        "| missed deadline | refusals | peak RSS MiB | load average |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['load']}x | {r['offered_per_s']:.2f} | {r['sent']} | {r['served_per_s']:.2f} | "
-            f"{r['admitted_share']:.1%} | {r['p50_s']:.2f} | {r['p99_s']:.2f} | "
-            f"{r['missed_deadline_share']:.1%} | {', '.join(r['refusals']) or '-'} | "
-            f"{r['peak_rss_mib']:.0f} |"
+            f"| {r['threads']} | {r['load']}x | {r['offered_per_s']:.2f} | {r['sent']} | "
+            f"{r['served_per_s']:.2f} | {r['admitted_share']:.1%} | {r['p50_s']:.2f} | "
+            f"{r['p99_s']:.2f} | {r['missed_deadline_share']:.1%} | "
+            f"{', '.join(r['refusals']) or '-'} | {r['peak_rss_mib']:.0f} | "
+            f"{r['loadavg'][0]:.1f}-{r['loadavg'][1]:.1f} |"
         )
 
 

@@ -7,15 +7,22 @@ encodes each image. What renderq adds on the null model above this is its own ov
 Run: ``python bench/peers/fastapi_peer.py --port P --model null``; serves until killed.
 """
 
-from __future__ import annotations
-
 import json
 import sys
 from pathlib import Path
 
+from pydantic import BaseModel
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import peer_args, png_b64
+
+
+class Body(BaseModel):
+    """The body renderq's generation endpoint reads, as far as the null model needs."""
+
+    prompt: str
+    seed: int = 0
 
 
 def main() -> None:
@@ -27,11 +34,6 @@ def main() -> None:
     import uvicorn
     from fastapi import FastAPI
     from fastapi.responses import Response
-    from pydantic import BaseModel
-
-    class Body(BaseModel):
-        prompt: str
-        seed: int = 0
 
     app = FastAPI()
     blank = np.zeros((8, 8, 3), dtype=np.uint8)
