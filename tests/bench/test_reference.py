@@ -56,7 +56,7 @@ def test_a_reference_batch_follows_each_interval_of_images_and_stays_off_the_clo
     assert [len(ids) for ids in ex.log] == [2, 2, 4] * 3
     assert len(bench.last.reference_s) == 3
     # What the mode rendered before each reference batch (0.001 s per image here).
-    assert bench.last.stretches == [(4, pytest.approx(0.004))] * 3
+    assert bench.last.stretches == [(4, pytest.approx(0.004))] * 3  # type: ignore[comparison-overlap]
     # Each reference batch is new requests, never one of the mode's.
     refs = [ids for ids, r in zip(ex.log, is_ref, strict=True) if r]
     assert len({i for ids in refs for i in ids}) == 12
