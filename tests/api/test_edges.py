@@ -164,3 +164,14 @@ def test_port_0_prints_the_port_bound(tmp_path: Path, capfd: pytest.CaptureFixtu
     finally:
         srv.stop()
     assert f"listening on http://127.0.0.1:{port}" in capfd.readouterr().err
+
+
+def test_serve_help_names_the_token_variable_and_draining() -> None:
+    from typer.testing import CliRunner
+
+    from renderq.cli.main import app
+
+    done = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"})
+    assert done.exit_code == 0, done.output
+    text = " ".join(done.output.split())
+    assert "RENDERQ_API_TOKENS" in text and "503 draining" in text and "--threads" in text

@@ -167,3 +167,5 @@ def test_serve_runs_torch_on_the_configured_threads_and_prints_the_port_bound(
     log = (tmp_path / "server.log").read_text()
     port = srv.url.rsplit(":", 1)[1]
     assert "on cpu (1 torch thread)" in log and f"listening on http://127.0.0.1:{port}" in log
+    # Library start-up noise is silenced, as in ``renderq run``.
+    assert "Loading pipeline components" not in log and "Loading weights" not in log

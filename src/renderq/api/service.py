@@ -125,7 +125,6 @@ class RenderService:
         self.ready = threading.Event()
         self.load_error: str | None = None
         self.draining = False
-        self._kept = 0
         self._load = load or load_models
         self._engine: RealtimeEngine | None = None
         self._sched: Scheduler | None = None
@@ -191,7 +190,7 @@ class RenderService:
             return
         self.draining = True
         if self._engine is not None:
-            self._kept = self._call(self._cancel_queued_bulk).result(timeout=60)
+            self._call(self._cancel_queued_bulk).result(timeout=60)
 
     def wait_idle(self, timeout_s: float = 60.0) -> bool:
         """Wait until no batch runs and every admitted interactive request has its answer."""
@@ -210,11 +209,10 @@ class RenderService:
         if self._engine is None:
             return
         self.wait_idle(timeout_s)
-        self._call(lambda now: self.jobs.close()).result(timeout=timeout_s)
+        kept = self._call(self._close_jobs).result(timeout=timeout_s)
         self._engine.stop()
         if self._thread is not None:
             self._thread.join(timeout=timeout_s)
-        kept = self._kept
         print(f"renderq serve: drained; {kept} queued bulk prompts kept for the next start",
               file=sys.stderr, flush=True)  # fmt: skip
 
@@ -427,6 +425,19 @@ class RenderService:
             if SEP in rid and sched.state(rid) is RequestState.QUEUED:
                 self._forget(rid, sched.cancel(rid, now))
                 kept += 1
+        return kept
+
+    def _close_jobs(self, now: float) -> int:
+        """Close every job store; returns the prompts they keep pending for the next start.
+
+        Read from the stores, not counted while cancelling: a prompt regenerated during
+        the drain is pending too.
+        """
+        kept = 0
+        for job in self.jobs.jobs.values():
+            if job.meta["state"] != "cancelled":
+                kept += int(job.status()["pending"])
+        self.jobs.close()
         return kept
 
     # -- called by the listener on the loop thread --------------------------------------
