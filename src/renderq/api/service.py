@@ -244,11 +244,23 @@ class RenderService:
     async def generate(
         self, requests: Sequence[Request], deadline_s: float | None
     ) -> list[ImageResult]:
-        """Submit all (all or nothing) and wait for every image's final answer."""
-        futures = await asyncio.wrap_future(
-            self._call(lambda now: self._submit_interactive(requests, deadline_s, now))
-        )
-        return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+        """Submit all (all or nothing) and wait for every image's final answer.
+
+        One future carries the refusal or every answer, so the event loop is woken once
+        per call, not once for the admission and again for the images.
+        """
+        done: Future[list[ImageResult]] = Future()
+
+        def submit(now: float) -> None:
+            try:
+                futures = self._submit_interactive(requests, deadline_s, now)
+            except Exception as exc:
+                done.set_exception(exc)
+                return
+            _all_into(futures, done)
+
+        self._call(submit)
+        return await asyncio.wrap_future(done)
 
     def _submit_interactive(
         self, requests: Sequence[Request], deadline_s: float | None, now: float
@@ -760,6 +772,28 @@ def scaled_cost(curve: LatencyCurve, key: BatchKey, d: Defaults) -> StageCost:
     """The warm-up curve scaled to a key's steps and pixels (linear in both, an estimate)."""
     factor = (key.steps / d.steps) * (key.width * key.height) / (d.width * d.height)
     return StageCost(LatencyCurve(curve.sizes, tuple(s * factor for s in curve.seconds)))
+
+
+def _all_into(futures: Sequence[Future[ImageResult]], done: Future[list[ImageResult]]) -> None:
+    """Resolve ``done`` with every future's result in order, or the first exception."""
+    left = [len(futures)]
+    if not futures:
+        done.set_result([])
+        return
+
+    def one(fut: Future[ImageResult]) -> None:
+        if done.done():
+            return
+        exc = fut.exception()
+        if exc is not None:
+            done.set_exception(exc)
+            return
+        left[0] -= 1
+        if left[0] == 0:
+            done.set_result([f.result() for f in futures])
+
+    for fut in futures:
+        fut.add_done_callback(one)
 
 
 def _image_of(ev: Event, step: Step) -> Any:
