@@ -82,8 +82,8 @@ def _stability_lines(runs: Sequence[ModeRun]) -> list[str]:
         f"above {1 + bound:.2f}): "
         + "; ".join(
             f"{r.mode} round {r.round + 1} {r.stability.verdict()}"
-            f" (reference spread {_f(r.stability.reference_spread, '.2f')}x, "
-            f"drift {_f(r.stability.drift, '.2f')}x)"
+            f" (reference spread {_x(r.stability.reference_spread)}, "
+            f"drift {_x(r.stability.drift)})"
             for r in runs
             if r.stability is not None
         )
@@ -157,6 +157,10 @@ def fidelity_table(rows: Sequence[dict[str, Any]]) -> str:
             f"{c['render_overhead_s'] * 1e3:.1f} / {c['score_overhead_s'] * 1e3:.1f} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
 
 
 def _mode(row: dict[str, Any]) -> str:
