@@ -28,7 +28,7 @@ def test_real_offline_bench_and_its_simulator_replay(
     # threshold 0.0: the random tiny CLIP fails some attempts, so regenerations happen too.
     args = ["bench", "--executor", "real", "--model", str(sd), "--scorer", str(clip),
             "--steps", "2", "--threshold", "0.0", "--scenario", "offline", "--requests", "12",
-            "--modes", "adhoc,window", "--max-batch-size", "4", "--compare-sim",
+            "--modes", "adhoc,window", "--max-batch-size", "4", "--compare-sim", "--repeat", "2",
             "--out", str(tmp_path), "--json"]  # fmt: skip
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
@@ -46,6 +46,18 @@ def test_real_offline_bench_and_its_simulator_replay(
         # Two reference batches before, two after, and at least one between its batches.
         assert len(m["reference_batch_s"]) >= 5 and min(m["reference_batch_s"]) > 0
         assert m["efficiency_paired"] > 0
+    # Two rounds, the second starting at the next mode, each run with its verdict.
+    assert [(r["round"], r["mode"]) for r in report["runs"]] == [
+        (0, "adhoc"), (0, "window"), (1, "window"), (1, "adhoc"),
+    ]  # fmt: skip
+    for r in report["runs"]:
+        assert r["stability"]["bound"] == 0.25 and isinstance(r["stability"]["stable"], bool)
+    for mode, s in report["summary"].items():
+        assert s["rounds"] == 2 and len(s["figures"]["efficiency"]["values"]) == 2
+        assert s["stable"] == all(
+            r["stability"]["stable"] for r in report["runs"] if r["mode"] == mode
+        )
+    assert [row["round"] for row in report["compare_sim"]] == [0, 0, 1, 1]
     for row in report["compare_sim"]:
         # Same arrivals and replayed QA outcomes: the simulator renders exactly as much.
         assert row["renders"]["real"] == row["renders"]["sim"]
@@ -62,3 +74,4 @@ def test_real_offline_bench_and_its_simulator_replay(
     table = (tmp_path / "bench.md").read_text()
     assert "Simulator against the real run" in table and "Against the reference" in table
     assert "p99 medians only" in table and "real p99 95% CI" in table
+    assert "Over 2 rounds" in table and "Stability (bound 0.25" in table
