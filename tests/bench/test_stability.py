@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 import pytest
 from typer.testing import CliRunner
 
-from renderq.bench.harness import Limit, Scenario
+from renderq.bench.harness import Limit, Scenario, summarise
 from renderq.bench.real import RealBench
 from renderq.bench.realrun import run_real
 from renderq.bench.report import markdown
-from renderq.bench.stability import Stability, drift, round_order, spread, summarise
+from renderq.bench.stability import Stability, drift, round_order, spread
 from renderq.cli.main import app
 from renderq.core.errors import ConfigError
 from renderq.core.policies import AdHoc, Policy, Window

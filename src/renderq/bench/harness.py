@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -246,3 +247,60 @@ def _throughput(result: SimResult) -> float | None:
 def _render_seconds(result: SimResult) -> float:
     secs = result.ledger.seconds
     return secs.get(Stage.RENDER, 0.0) + secs.get(Stage.REGEN, 0.0)
+
+
+FIGURES: tuple[tuple[str, str], ...] = (
+    ("efficiency", "efficiency"),
+    ("efficiency_against_reference", "vs reference"),
+    ("efficiency_paired", "paired"),
+    ("utilisation", "utilisation"),
+    ("p50_s", "p50 s"),
+    ("p99_s", "p99 s"),
+    ("device_seconds", "device-s"),
+)
+"""The figures summarised over rounds: the key in a run's dict and the report's label."""
+
+
+def _figures(run: ModeRun) -> dict[str, float | None]:
+    return {
+        "efficiency": run.efficiency,
+        "efficiency_against_reference": run.efficiency_reference,
+        "efficiency_paired": run.paired,
+        "utilisation": run.utilisation,
+        "p50_s": run.result.percentile(50),
+        "p99_s": run.result.percentile(99),
+        "device_seconds": run.result.ledger.total_seconds,
+    }
+
+
+def summarise(runs: Sequence[ModeRun], p99_bound_s: float | None) -> dict[str, dict[str, Any]]:
+    """Per mode over its rounds: each figure's median, min, max and values; how many
+    rounds were stable; and the p99 bound judged on the median p99, only when every round
+    was stable (None otherwise, or without a bound)."""
+    by: dict[str, list[ModeRun]] = {}
+    for r in runs:
+        by.setdefault(r.mode, []).append(r)
+    out: dict[str, dict[str, Any]] = {}
+    for mode, rs in by.items():
+        figs: dict[str, Any] = {}
+        for key, _ in FIGURES:
+            vals = [v for v in (_figures(r)[key] for r in rs) if v is not None]
+            figs[key] = {
+                "median": statistics.median(vals) if vals else None,
+                "min": min(vals, default=None),
+                "max": max(vals, default=None),
+                "values": vals,
+            }
+        stable = sum(r.stability is None or r.stability.stable for r in rs)
+        p99 = figs["p99_s"]["median"]
+        meets = None
+        if stable == len(rs) and p99_bound_s is not None and p99 is not None:
+            meets = p99 <= p99_bound_s
+        out[mode] = {
+            "rounds": len(rs),
+            "rounds_stable": stable,
+            "stable": stable == len(rs),
+            "meets_p99_bound": meets,
+            "figures": figs,
+        }
+    return out

@@ -6,8 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from renderq.bench.harness import Limit, ModeRun
-from renderq.bench.stability import FIGURES, summarise
+from renderq.bench.harness import FIGURES, Limit, ModeRun, summarise
 from renderq.core.cost import Profile
 from renderq.core.types import Stage
 

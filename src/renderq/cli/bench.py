@@ -15,9 +15,10 @@ from renderq.bench.harness import (
     capacity_rate,
     run_bench,
     sim_backend,
+    summarise,
 )
 from renderq.bench.report import fidelity_table, markdown, plots
-from renderq.bench.stability import STABILITY_BOUND, summarise
+from renderq.bench.stability import STABILITY_BOUND
 from renderq.cli.simulate import make_policy, parse_modes
 from renderq.core.errors import ConfigError
 from renderq.engine.models import DEFAULT_MODEL, DEFAULT_SCORER
