@@ -13,7 +13,8 @@ from renderq.core.policies import Dynamic, Window
 from renderq.core.qa import QAPolicy
 from renderq.core.scheduler import Scheduler
 from renderq.core.types import Batch, BatchKey, BatchResult, ItemResult, Request, ScoreResult
-from renderq.engine.realtime import RealtimeEngine, Step
+from renderq.engine.realtime import RealtimeEngine
+from renderq.testing.fakes import RecordingListener
 
 KEY = BatchKey("fake", 32, 32, 2, True, "ddim", "fp32", "cpu")
 
@@ -52,21 +53,7 @@ class SlowScorer:
         return ScoreResult(scores, self.seconds, self.device_class)
 
 
-@dataclass
-class Recorder:
-    """A listener that keeps every step."""
-
-    batches: list[Batch] = field(default_factory=list)
-    steps: list[Step] = field(default_factory=list)
-
-    def started(self, batch: Batch) -> None:
-        self.batches.append(batch)
-
-    def step(self, step: Step) -> None:
-        self.steps.append(step)
-
-    def events(self, kind: type) -> list[Any]:
-        return [ev for st in self.steps for ev in st.events if isinstance(ev, kind)]
+Recorder = RecordingListener
 
 
 def _requests(n: int) -> list[Request]:
