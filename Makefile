@@ -19,8 +19,8 @@ demo: $(STAMP)
 	$(VENV)/bin/renderq run src/renderq/examples/shapes-200.txt --out demo-out
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench
-	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
 
 types: $(STAMP)
 	$(VENV)/bin/mypy
@@ -37,7 +37,7 @@ unit: $(STAMP) browser
 test: lint types unit
 
 bench: $(STAMP)
-	$(PY) bench/scheduler_overhead.py
+	$(PY) benchmarks/scheduler_overhead.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -21,9 +21,10 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "renderq"
 LAYERS: dict[str, int] = {
     "core": 0,
     "profiles": 1, "store": 1, "output": 1,
-    "executors": 2, "scoring": 2, "models": 2, "testing": 2,
-    "engine": 3,
-    "api": 4, "bench": 4, "cli": 5, "__main__": 6,
+    "backends": 2, "models": 2, "testing": 2,
+    "runtime": 3,
+    "jobs": 4,
+    "service": 5, "bench": 5, "cli": 6, "__main__": 7,
 }  # fmt: skip
 
 
@@ -113,7 +114,7 @@ def test_no_two_modules_import_each_other() -> None:
 @pytest.mark.parametrize(
     ("source", "expected"),
     [
-        ("from renderq.engine import job\n", {"renderq.engine.job"}),
+        ("from renderq.jobs import runner\n", {"renderq.jobs.runner"}),
         ("import renderq.core.types\n", {"renderq.core.types"}),
         ("from renderq.core.types import Batch\n", {"renderq.core.types"}),
     ],
@@ -122,3 +123,21 @@ def test_imports_are_read_as_modules(tmp_path: Path, source: str, expected: set[
     f = tmp_path / "m.py"
     f.write_text(source)
     assert _imports(f, set(_modules())) == expected
+
+
+def test_the_runtime_sees_the_core_and_the_protocols_only() -> None:
+    """The engine step runs any executor: it may not reach for a concrete backend.
+
+    The one exception is the simulator's virtual executor, which lives on its clock.
+    """
+    mods = _modules()
+    known = set(mods)
+    allowed = ("renderq.core", "renderq.runtime", "renderq.backends.simulated")
+    bad = [
+        f"{m} -> {dep}"
+        for m, p in mods.items()
+        if m.startswith("renderq.runtime")
+        for dep in _imports(p, known)
+        if not dep.startswith(allowed)
+    ]
+    assert bad == []

@@ -1,4 +1,4 @@
-"""``bench/peers/run.py`` end to end on renderq's own part (the peers are not installed in CI)."""
+"""``benchmarks/peers/run.py`` end to end on renderq's own part (the peers are not in CI)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "peers" / "run.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "peers" / "run.py"
 
 
 def test_the_null_pass_sweeps_repeats_and_reports_the_lowest_median_p99(tmp_path: Path) -> None:

@@ -161,7 +161,7 @@ def test_training_state_round_trips(tmp_path: Path) -> None:
 def test_the_shipped_gate_threshold_is_the_calibrated_one() -> None:
     import json
 
-    from renderq.engine.models import DEFAULT_SCORER, scorer_default_threshold
+    from renderq.backends.registry import DEFAULT_SCORER, scorer_default_threshold
     from renderq.models import shapes
 
     figures = json.loads((common.WEIGHTS_DIR / "figures.json").read_text())

@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 pytest.importorskip("transformers")
 
-from renderq.executors.diffusers import DiffusersExecutor  # noqa: E402
-from renderq.scoring.clip import ClipScorer  # noqa: E402
+from renderq.backends.clip import ClipScorer  # noqa: E402
+from renderq.backends.diffusers import DiffusersExecutor  # noqa: E402
 from renderq.testing.tiny import build_tiny_clip, build_tiny_pipeline  # noqa: E402
 
 # Two cores are shared with other work; one thread per process keeps runs predictable.

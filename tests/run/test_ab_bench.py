@@ -1,4 +1,4 @@
-"""``bench/ab_run.py`` runs both modes through the CLI and prints the comparison."""
+"""``benchmarks/ab_run.py`` runs both modes through the CLI and prints the comparison."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from .conftest import write_prompts
 
 pytestmark = pytest.mark.slow
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "ab_run.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "ab_run.py"
 
 
 def test_ab_bench_on_tiny_models(tmp_path: Path) -> None:

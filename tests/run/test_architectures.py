@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from renderq.backends.architectures import FAMILIES, GENERIC, Rules, architecture_of, bucket_for
+from renderq.backends.diffusers import DiffusersExecutor
 from renderq.core.errors import ConfigError
 from renderq.core.types import Batch, BatchKey, Request
-from renderq.executors.architectures import FAMILIES, GENERIC, Rules, architecture_of, bucket_for
-from renderq.executors.diffusers import DiffusersExecutor
 from renderq.testing import tiny
 
 pytestmark = pytest.mark.slow
@@ -172,8 +172,8 @@ def test_a_job_reports_truncated_prompts_and_refuses_what_the_model_would_ignore
 ) -> None:
     import json
 
-    from renderq.engine.job import RunSettings, run_job
-    from renderq.executors.null import NullScorer
+    from renderq.backends.null import NullScorer
+    from renderq.jobs.runner import RunSettings, run_job
 
     name, ex = family
     long = "a red circle and " * 6  # 102 characters: past CLIP's 77 tokens

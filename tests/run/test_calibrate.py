@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from renderq.backends import calibrate as cal
 from renderq.cli.calibrate import calibrate
 from renderq.core.errors import ConfigError
-from renderq.scoring import calibrate as cal
 
 
 def test_precision_target_picks_lowest_threshold_reaching_it() -> None:

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from renderq.engine.job import RunSettings, run_job
-from renderq.executors.diffusers import DiffusersExecutor
-from renderq.scoring.clip import ClipScorer
+from renderq.backends.clip import ClipScorer
+from renderq.backends.diffusers import DiffusersExecutor
+from renderq.jobs.runner import RunSettings, run_job
 from renderq.store.lock import FolderLock
 
 from .conftest import PROMPTS, settings_kwargs, write_prompts

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from renderq.executors.device import device_thread, on_device
+from renderq.backends.device import device_thread, on_device
 
 
 def test_calls_from_any_thread_run_on_the_device_thread_in_turn() -> None:

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from renderq.backends.diffusers import DiffusersExecutor, torch_dtype
+from renderq.backends.faults import FaultyPipeline
 from renderq.core.errors import ConfigError
 from renderq.core.types import Batch, BatchKey, Request
-from renderq.executors.diffusers import DiffusersExecutor, torch_dtype
-from renderq.executors.faults import FaultyPipeline
 
 from .conftest import PROMPTS
 
@@ -106,7 +106,7 @@ def test_bf16_renders(tiny_model: Path) -> None:
 
 
 def test_device_timer_reads_the_clock_around_the_work() -> None:
-    from renderq.executors.diffusers import DeviceTimer
+    from renderq.backends.diffusers import DeviceTimer
 
     ticks = iter([10.0, 12.5])
     out, seconds = DeviceTimer("cpu", clock=lambda: next(ticks)).measure(lambda: "done")

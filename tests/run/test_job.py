@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from renderq.backends.clip import ClipScorer
+from renderq.backends.diffusers import DiffusersExecutor
+from renderq.backends.faults import FaultyPipeline, FlakyScorer
 from renderq.core.errors import ConfigError
-from renderq.engine.job import RunSettings, run_job
-from renderq.executors.diffusers import DiffusersExecutor
-from renderq.executors.faults import FaultyPipeline, FlakyScorer
-from renderq.scoring.clip import ClipScorer
+from renderq.jobs.runner import RunSettings, run_job
 from renderq.store.lock import FolderLock, JobLocked
 from renderq.store.sqlite import JobStore
 

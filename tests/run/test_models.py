@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from renderq.backends.registry import DEFAULT_MODEL, DEFAULT_SCORER, model_defaults, resolve
 from renderq.cli.main import app
 from renderq.core.errors import ConfigError
-from renderq.engine.models import DEFAULT_MODEL, DEFAULT_SCORER, model_defaults, resolve
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "src" / "renderq" / "examples" / "shapes-200.txt"
 
@@ -67,7 +67,7 @@ def test_run_on_the_embedded_models(tmp_path: Path) -> None:
 
 
 def test_fingerprint_follows_the_folder(tmp_path: Path) -> None:
-    from renderq.engine.models import fingerprint
+    from renderq.backends.registry import fingerprint
 
     (tmp_path / "unet").mkdir()
     (tmp_path / "model_index.json").write_text('{"a": 1}')
@@ -87,7 +87,7 @@ def test_a_pipeline_folder_gets_its_pipeline_classes_defaults(tiny_model: Path) 
 
 
 def test_prompts_outside_the_embedded_world_get_a_notice_naming_the_words() -> None:
-    from renderq.engine.models import vocabulary_notice
+    from renderq.backends.registry import vocabulary_notice
 
     if not _embedded():
         pytest.skip("the embedded model is not installed")

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from renderq.backends.diffusers import DeviceTimer, free_cores
 from renderq.cli.main import app
 from renderq.cli.progress import ProgressBar, ProgressLines
 from renderq.core.ledger import Ledger
-from renderq.engine.summary import Progress, RunSummary
-from renderq.executors.diffusers import DeviceTimer, free_cores
+from renderq.jobs.summary import Progress, RunSummary
 from renderq.testing.fakes import ManualClock
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from renderq.core.errors import ConfigError
-from renderq.engine.prompts import read_prompts
+from renderq.jobs.prompts import read_prompts
 
 
 def test_text_file_one_prompt_a_line(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from renderq.core.policies import Dynamic, Window
 from renderq.core.qa import QAPolicy
 from renderq.core.scheduler import Scheduler
 from renderq.core.types import Batch, BatchKey, BatchResult, ItemResult, Request, ScoreResult
-from renderq.engine.realtime import RealtimeEngine
+from renderq.runtime.realtime import RealtimeEngine
 from renderq.testing.fakes import RecordingListener
 
 KEY = BatchKey("fake", 32, 32, 2, True, "ddim", "fp32", "cpu")

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from renderq.backends.clip import ClipScorer
+from renderq.backends.diffusers import DiffusersExecutor
 from renderq.cli.main import app
 from renderq.core.errors import ConfigError, StorageError
-from renderq.engine.job import RunSettings, run_job
-from renderq.engine.prompts import read_prompts
-from renderq.executors.diffusers import DiffusersExecutor
-from renderq.scoring.clip import ClipScorer
+from renderq.jobs.prompts import read_prompts
+from renderq.jobs.runner import RunSettings, run_job
 from renderq.store.sqlite import JobStore
 
 from .conftest import PROMPTS, settings_kwargs, write_prompts

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from renderq.backends.clip import ClipScorer
 from renderq.core.errors import ConfigError
-from renderq.scoring.clip import ClipScorer
 
 from .conftest import PROMPTS
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from renderq.engine.job import resume_points
+from renderq.jobs.runner import resume_points
 from renderq.store.sqlite import AttemptRow, JobStore, Outcome, PromptRow, StoreError
 
 SPEC = {"width": 32, "height": 32, "steps": 3, "negative_prompt": ""}

@@ -21,7 +21,7 @@ from renderq.core.policies import Dynamic
 from renderq.core.qa import QAPolicy
 from renderq.core.scheduler import Scheduler
 from renderq.core.types import Batch, BatchResult, RequestState, Stage
-from renderq.engine.realtime import MAX_LOSSES, RealtimeEngine
+from renderq.runtime.realtime import MAX_LOSSES, RealtimeEngine
 
 from .test_realtime import Recorder, SlowExecutor, SlowScorer, _requests
 
@@ -106,8 +106,8 @@ def test_a_job_whose_worker_dies_completes_with_nothing_lost_or_twice(
 ) -> None:
     import json
 
-    from renderq.engine.job import RunSettings, run_job
-    from renderq.executors.diffusers import DiffusersExecutor
+    from renderq.backends.diffusers import DiffusersExecutor
+    from renderq.jobs.runner import RunSettings, run_job
 
     from .conftest import PROMPTS, settings_kwargs, write_prompts
 

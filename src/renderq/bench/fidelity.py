@@ -35,7 +35,7 @@ from renderq.core.cost import Profile
 from renderq.core.errors import ConfigError
 from renderq.core.policies import Policy
 from renderq.core.stats import percentile_ci
-from renderq.engine.sim import SimConfig, SimResult, simulate
+from renderq.runtime.sim import SimConfig, SimResult, simulate
 
 
 def _points(pairs: Sequence[tuple[int, float]]) -> list[list[float]]:

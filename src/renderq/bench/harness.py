@@ -35,8 +35,8 @@ from renderq.core.cost import Profile
 from renderq.core.errors import ConfigError
 from renderq.core.policies import Policy
 from renderq.core.types import Stage
-from renderq.engine.arrivals import Arrival, arrivals
-from renderq.engine.sim import SimConfig, SimResult, simulate
+from renderq.runtime.arrivals import Arrival, arrivals
+from renderq.runtime.sim import SimConfig, SimResult, simulate
 
 if TYPE_CHECKING:
     from renderq.bench.stability import Stability

@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from renderq.backends.diffusers import DiffusersExecutor, import_torch, is_oom
+from renderq.backends.registry import resolve
 from renderq.bench.profiling import (
     Point,
     cpu_peak_rss,
@@ -15,10 +17,8 @@ from renderq.bench.profiling import (
     measure,
     profile_document,
 )
+from renderq.core.protocols import Scorer
 from renderq.core.types import Batch, BatchKey, Request
-from renderq.engine.models import resolve
-from renderq.executors.diffusers import DiffusersExecutor, import_torch, is_oom
-from renderq.scoring.base import Scorer
 
 PROMPTS = (
     "a small red circle on a blue background",
@@ -64,7 +64,7 @@ def _device_memory(device: str) -> tuple[float, str]:
 
 def profile_model(s: ProfileSettings, name: str | None = None) -> dict[str, Any]:
     """Load the model and scorer, measure them; return the profile document."""
-    from renderq.scoring.clip import ClipScorer
+    from renderq.backends.clip import ClipScorer
 
     executor = DiffusersExecutor.load(resolve(s.model), device=s.device, precision=s.precision)
     scorer = ClipScorer.load(resolve(s.scorer), device=s.device)

@@ -20,6 +20,7 @@ from renderq.bench.harness import Backend, Scenario
 from renderq.core.errors import ConfigError
 from renderq.core.events import Accepted, Cancelled, Escalated, Regenerating
 from renderq.core.policies import Policy
+from renderq.core.protocols import Executor, Scorer
 from renderq.core.qa import QAPolicy
 from renderq.core.scheduler import Scheduler
 from renderq.core.types import (
@@ -31,11 +32,9 @@ from renderq.core.types import (
     RequestState,
     ScoreResult,
 )
-from renderq.engine.arrivals import Arrival
-from renderq.engine.realtime import RealtimeEngine, Step
-from renderq.engine.sim import SimResult
-from renderq.executors.base import Executor
-from renderq.scoring.base import Scorer
+from renderq.runtime.arrivals import Arrival
+from renderq.runtime.realtime import RealtimeEngine, Step
+from renderq.runtime.sim import SimResult
 
 
 @dataclass(slots=True)

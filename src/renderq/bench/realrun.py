@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from renderq.backends.registry import model_defaults, resolve, scorer_default_threshold
 from renderq.bench.fidelity import Calibration, Fidelity, calibrated_profile, replay
 from renderq.bench.harness import (
     REFERENCE_EVERY,
@@ -24,7 +25,6 @@ from renderq.core.cost import Profile
 from renderq.core.errors import ConfigError
 from renderq.core.policies import Policy
 from renderq.core.types import BatchKey
-from renderq.engine.models import model_defaults, resolve, scorer_default_threshold
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +55,8 @@ def shipped_prompts() -> list[str]:
 
 def load_bench(s: RealSettings, profile: Profile | None) -> tuple[RealBench, Profile]:
     """Load the model and scorer; measure a profile unless one is given."""
-    from renderq.executors.diffusers import DiffusersExecutor
-    from renderq.scoring.clip import ClipScorer
+    from renderq.backends.clip import ClipScorer
+    from renderq.backends.diffusers import DiffusersExecutor
 
     steps, guidance = model_defaults(s.model)
     steps = s.steps or steps

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from renderq.backends.registry import DEFAULT_MODEL, DEFAULT_SCORER
 from renderq.bench.harness import (
     REFERENCE_EVERY,
     Limit,
@@ -21,7 +22,6 @@ from renderq.bench.report import fidelity_table, markdown, plots
 from renderq.bench.stability import STABILITY_BOUND
 from renderq.cli.simulate import make_policy, parse_modes
 from renderq.core.errors import ConfigError
-from renderq.engine.models import DEFAULT_MODEL, DEFAULT_SCORER
 from renderq.profiles import load_profile
 
 

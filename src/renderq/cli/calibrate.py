@@ -8,9 +8,9 @@ from pathlib import Path
 
 import typer
 
+from renderq.backends.calibrate import CALIBRATION_FILE, Calibration, LabelledImage
+from renderq.backends.registry import DEFAULT_SCORER
 from renderq.core.errors import RenderqError
-from renderq.engine.models import DEFAULT_SCORER
-from renderq.scoring.calibrate import CALIBRATION_FILE, Calibration, LabelledImage
 
 
 def calibrate(
@@ -34,7 +34,7 @@ def calibrate(
     ),
 ) -> None:
     """Choose a threshold for a target precision or pass rate; store it for renderq run."""
-    from renderq.executors.diffusers import quiet_libraries
+    from renderq.backends.diffusers import quiet_libraries
 
     quiet_libraries()
     try:
@@ -69,10 +69,10 @@ def run_calibration(
     """Score the set, choose the threshold, save it; returns the :class:`Calibration`."""
     from PIL import Image
 
+    from renderq.backends import calibrate as cal
+    from renderq.backends.clip import ClipScorer
+    from renderq.backends.registry import resolve
     from renderq.core.errors import ConfigError
-    from renderq.engine.models import resolve
-    from renderq.scoring import calibrate as cal
-    from renderq.scoring.clip import ClipScorer
 
     if (target_precision is None) == (target_pass_rate is None):
         raise ConfigError("give exactly one of --target-precision and --target-pass-rate")

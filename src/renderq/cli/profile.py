@@ -10,9 +10,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from renderq.backends.registry import DEFAULT_MODEL, DEFAULT_SCORER
 from renderq.core.cost import Profile
 from renderq.core.errors import ConfigError
-from renderq.engine.models import DEFAULT_MODEL, DEFAULT_SCORER
 
 
 def _resolution(text: str | None) -> tuple[int, int] | None:

@@ -2,7 +2,7 @@
 
 Without a terminal (CI, ``nohup``, a pipe) a redrawn bar shows nothing until the end, so
 one plain line is printed every ``every_s`` seconds instead. Both read the job's
-counters (:class:`renderq.engine.summary.Progress`) and nothing else.
+counters (:class:`renderq.jobs.summary.Progress`) and nothing else.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from renderq.engine.summary import Progress
+from renderq.jobs.summary import Progress
 
 
 def detail(p: Progress) -> str:

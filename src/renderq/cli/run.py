@@ -8,17 +8,17 @@ from pathlib import Path
 
 import typer
 
-from renderq.cli.progress import ProgressLines, progress_for
-from renderq.core.errors import RenderqError
-from renderq.core.qa import DEFAULT_MAX_ATTEMPTS
-from renderq.engine.models import (
+from renderq.backends.calibrate import CALIBRATION_FILE, lookup, scale_name
+from renderq.backends.registry import (
     DEFAULT_MODEL,
     DEFAULT_SCORER,
     model_defaults,
     scorer_default_threshold,
 )
-from renderq.engine.summary import RunSummary
-from renderq.scoring.calibrate import CALIBRATION_FILE, lookup, scale_name
+from renderq.cli.progress import ProgressLines, progress_for
+from renderq.core.errors import RenderqError
+from renderq.core.qa import DEFAULT_MAX_ATTEMPTS
+from renderq.jobs.summary import RunSummary
 
 DEFAULT_THRESHOLD = 0.25
 """Cosine threshold used when none is given and none is calibrated for the scorer."""
@@ -67,8 +67,8 @@ def run(
     ),
 ) -> None:
     """Render every prompt, gate it with CLIP, regenerate failures, write a dataset."""
-    from renderq.engine.job import RunSettings, run_job
-    from renderq.executors.diffusers import free_cores, quiet_libraries
+    from renderq.backends.diffusers import free_cores, quiet_libraries
+    from renderq.jobs.runner import RunSettings, run_job
 
     try:
         default_steps, default_guidance = model_defaults(model)

@@ -44,10 +44,10 @@ def serve_command(
     try:
         import uvicorn
 
-        from renderq.api.app import create_app
-        from renderq.api.config import load_config
-        from renderq.api.server import DrainingServer
-        from renderq.api.service import RenderService
+        from renderq.service.app import create_app
+        from renderq.service.config import load_config
+        from renderq.service.render import RenderService
+        from renderq.service.server import DrainingServer
     except ImportError as exc:
         raise typer.BadParameter(
             f"serve needs the serve extra: pip install 'renderq[serve]' ({exc})"
@@ -73,7 +73,7 @@ def serve_command(
     auth = f"{len(cfg.tokens)} API token(s)" if cfg.auth_enabled else "no auth (loopback only)"
     on = cfg.device
     try:
-        from renderq.executors.diffusers import free_cores, quiet_libraries
+        from renderq.backends.diffusers import free_cores, quiet_libraries
     except ImportError:  # the null model needs no diffusers
         pass
     else:

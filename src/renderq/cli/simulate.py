@@ -15,9 +15,9 @@ from renderq.core.policies import Policy, Windows, parse_sizes
 from renderq.core.qa import DEFAULT_MAX_ATTEMPTS
 from renderq.core.settings import MODES, Batching
 from renderq.core.settings import make_policy as core_make_policy
-from renderq.engine.arrivals import arrivals
-from renderq.engine.sim import SimConfig, SimResult, simulate
 from renderq.profiles import load_profile
+from renderq.runtime.arrivals import arrivals
+from renderq.runtime.sim import SimConfig, SimResult, simulate
 
 
 def make_policy(

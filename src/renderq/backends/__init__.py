@@ -1,0 +1,1 @@
+"""Executors, scorers and the torch helpers behind them; the model registry."""

@@ -1,0 +1,556 @@
+"""A render job: prompts file in, quality-gated dataset and ledger out, resumable.
+
+``run_job`` is what ``renderq run`` does: read and check the prompts, take the output
+folder's lock, open (or resume) the job store, load the model and scorer, submit every
+prompt that is not finished yet and drive the real-time engine until each one is
+accepted or escalated. :class:`JobListener` commits every step: accepted images are
+written atomically first, then the store records the step in one transaction, then the
+metadata and review lines are appended.
+
+Resuming: the store is the truth. Accepted and escalated prompts are skipped; a prompt
+in flight when the previous run died is resubmitted at the attempt after its last ended
+(scored or failed) attempt, or at the same attempt if that one never ended. Stray images
+whose acceptance never reached the store are deleted, and the ledger continues from
+the rows already booked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from renderq.backends.clip import ClipScorer
+from renderq.backends.diffusers import DiffusersExecutor
+from renderq.backends.registry import (
+    DEFAULT_MODEL,
+    DEFAULT_SCORER,
+    fingerprint,
+    resolve,
+    vocabulary_notice,
+)
+from renderq.core.errors import ConfigError, StorageError
+from renderq.core.events import Accepted, Escalated, Regenerating
+from renderq.core.ledger import Ledger
+from renderq.core.policies import Policy
+from renderq.core.protocols import Scorer
+from renderq.core.qa import DEFAULT_MAX_ATTEMPTS, QAPolicy
+from renderq.core.scheduler import Scheduler
+from renderq.core.seeds import MAX_SEED, seed_for
+from renderq.core.settings import (
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_MAX_QUEUE_DELAY_S,
+    DEFAULT_SCORE_BATCH_SIZE,
+    Batching,
+    key_for,
+    make_policy,
+)
+from renderq.core.types import Batch, Request, Stage
+from renderq.jobs.prompts import PromptSpec, file_digest, generated_id, read_prompts
+from renderq.jobs.summary import Progress, RunSummary, summarise
+from renderq.output.dataset import METADATA, REVIEW, DatasetWriter
+from renderq.runtime.realtime import LedgerRow, RealtimeEngine, Step
+from renderq.store.lock import FolderLock
+from renderq.store.sqlite import (
+    AttemptRow,
+    JobStore,
+    Outcome,
+    PromptRow,
+    StoredRequest,
+    check_config,
+)
+
+STORE_NAME = "renderq.sqlite"
+
+
+@dataclass(frozen=True, slots=True)
+class RunSettings:
+    """Everything ``renderq run`` takes on its command line."""
+
+    prompts: Path
+    out: Path
+    mode: str = "window"
+    model: str = DEFAULT_MODEL
+    scorer: str = DEFAULT_SCORER
+    threshold: float = 0.25
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    steps: int = 20
+    guidance: float = 7.5
+    device: str = "cpu"
+    precision: str = "fp32"
+    seed: int = 0
+    scale100: bool = False
+    max_queue_delay_s: float = DEFAULT_MAX_QUEUE_DELAY_S
+    score_batch_size: int = DEFAULT_SCORE_BATCH_SIZE
+
+    def __post_init__(self) -> None:
+        self.batching()  # validates mode, batch sizes and the queue delay
+        for name in ("max_attempts", "steps"):
+            if getattr(self, name) < 1:
+                raise ConfigError(
+                    f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}"
+                )
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"--seed must be from 0 to {MAX_SEED}, got {self.seed}")
+
+    def identity(self, digest: str) -> dict[str, Any]:
+        """The settings that decide the images and verdicts: a resumed job must match them."""
+        return {
+            "prompts_sha256": digest,
+            "model": self.model,
+            "model_fingerprint": fingerprint(self.model),
+            "scorer": self.scorer,
+            "scorer_fingerprint": fingerprint(self.scorer),
+            "threshold": self.threshold,
+            "max_attempts": self.max_attempts,
+            "steps": self.steps,
+            "guidance": self.guidance,
+            "precision": self.precision,
+            "seed": self.seed,
+            "scale100": self.scale100,
+        }
+
+    def batching(self) -> Batching:
+        """The batching settings of this run."""
+        return Batching(
+            self.mode, self.max_batch_size, self.max_queue_delay_s, self.score_batch_size
+        )
+
+    def policy(self) -> Policy:
+        """The batching policy of ``mode``."""
+        return make_policy(self.batching())
+
+
+@dataclass(slots=True)
+class JobListener:
+    """Commits every engine step to the dataset folder and the store; counts progress."""
+
+    store: JobStore
+    writer: DatasetWriter
+    run: int
+    settings: RunSettings
+    prompts: dict[str, PromptRow]
+    progress: Progress
+    config: dict[str, Any] = field(default_factory=dict)
+    on_progress: Callable[[Progress], None] | None = None
+    batch_sizes: list[int] = field(default_factory=list)
+    #: The scheduler's ledger: when set, ``ledger.json`` is rewritten after every commit,
+    #: so it is current even after the process is killed.
+    ledger: Ledger | None = None
+
+    def started(self, batch: Batch) -> None:
+        """Count the batch and its renders."""
+        self.batch_sizes.append(batch.size)
+        self.progress.rendering += batch.size
+
+    def step(self, step: Step) -> None:
+        """Write accepted images, commit the step, then append the dataset lines."""
+        attempts: list[AttemptRow] = []
+        outcomes: list[Outcome] = []
+        for ev in step.events:
+            if not isinstance(ev, Accepted | Regenerating | Escalated):
+                continue
+            a = ev.history[-1]
+            rid = ev.request.id
+            attempts.append(
+                AttemptRow(rid, a.attempt, a.seed, a.batch_id, a.batch_size, a.score, a.error)
+            )
+            if isinstance(ev, Accepted):
+                # The image is on disk before the store says it was accepted.
+                with storage_errors(self.writer.out, lost=step.ledger):
+                    name = self.writer.write_image(rid, step.images[rid])
+                o = Outcome(rid, "accepted", a.attempt, ev.score, name, a.batch_id, a.batch_size)
+                outcomes.append(o)
+            elif isinstance(ev, Escalated):
+                outcomes.append(Outcome(rid, "escalated", a.attempt, a.score))
+        with storage_errors(self.writer.out, lost=step.ledger):
+            self.store.commit_step(self.run, attempts, outcomes, step.ledger, self.settings.scorer)
+        with storage_errors(self.writer.out):
+            self._append_views(outcomes)
+            if self.ledger is not None:
+                self.writer.write_ledger(self.ledger.report().to_dict())
+        self._count(step)
+
+    def _append_views(self, outcomes: Sequence[Outcome]) -> None:
+        meta = [
+            metadata_row(
+                self.prompts[o.request_id],
+                o.attempt,
+                o.score,
+                o.file_name,
+                self.run,
+                o.batch_id,
+                o.batch_size,
+                self.config,
+            )
+            for o in outcomes
+            if o.state == "accepted"
+        ]
+        review = [
+            review_row(self.prompts[o.request_id], self.store.attempts_of(o.request_id))
+            for o in outcomes
+            if o.state == "escalated"
+        ]
+        self.writer.append(METADATA, meta)
+        self.writer.append(REVIEW, review)
+
+    def _count(self, step: Step) -> None:
+        p = self.progress
+        if step.kind == "lost" and step.batch is not None:
+            p.rendering -= step.batch.size  # queued again; counted when it starts again
+        if step.kind == "render" and step.batch is not None:
+            p.rendering -= step.batch.size
+            p.rendered += sum(1 for it in (step.render.items if step.render else ()) if it.ok)
+        for ev in step.events:
+            if isinstance(ev, Accepted):
+                p.accepted += 1
+                p.regenerating.discard(ev.request.id)
+            elif isinstance(ev, Escalated):
+                p.escalated += 1
+                p.regenerating.discard(ev.request.id)
+            elif isinstance(ev, Regenerating):
+                p.regenerated += 1
+                p.regenerating.add(ev.request.id)
+        if self.on_progress is not None:
+            self.on_progress(p)
+
+
+@contextlib.contextmanager
+def storage_errors(out: Path, lost: Sequence[LedgerRow] = ()) -> Iterator[None]:
+    """Turn a failed write under ``out`` into a :class:`StorageError` that says what it cost.
+
+    ``lost`` are the ledger rows of a step that could not be committed: the device time
+    was spent but is not in the store, so the error names it rather than dropping it.
+    Everything committed before stays (the store commits a step whole or not at all).
+    """
+    try:
+        yield
+    except (OSError, sqlite3.Error) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        where = getattr(exc, "filename", None) or out
+        msg = f"cannot write to {where}: {reason}"
+        if lost:
+            booked = ", ".join(f"{secs:.2f} s {stage} on {dev}" for stage, dev, secs in lost)
+            msg += (
+                f"; the step being committed spent {booked} of device time that is not in "
+                "the ledger"
+            )
+        msg += "; everything committed before is kept: fix this and run again to resume"
+        raise StorageError(msg) from exc
+
+
+def metadata_row(
+    prompt: PromptRow,
+    attempt: int,
+    score: float | None,
+    file_name: str | None,
+    run: int | None,
+    batch_id: int | None,
+    batch_size: int | None,
+    config: dict[str, Any],
+) -> dict[str, Any]:
+    """One ``metadata.jsonl`` row (Hugging Face ImageFolder: ``file_name`` first)."""
+    spec = prompt.spec
+    return {
+        "file_name": file_name,
+        "id": prompt.id,
+        "prompt": prompt.prompt,
+        "seed": seed_for(prompt.base_seed, attempt),
+        "attempt": attempt,
+        "clip_score": score,
+        "model": config.get("model"),
+        "scorer": config.get("scorer"),
+        "steps": spec["steps"],
+        "guidance": config.get("guidance"),
+        "width": spec["width"],
+        "height": spec["height"],
+        "negative_prompt": spec["negative_prompt"],
+        "prompt_bucket": spec.get("prompt_bucket", 0),
+        "truncated": spec.get("truncated", []),
+        "batch_id": f"{run}-{batch_id}",
+        "batch_size": batch_size,
+    }
+
+
+def review_row(prompt: PromptRow, attempts: Sequence[AttemptRow]) -> dict[str, Any]:
+    """One ``review.jsonl`` row: the prompt and every attempt's seed, score and error."""
+    return {
+        "id": prompt.id,
+        "prompt": prompt.prompt,
+        "attempts": [
+            {
+                "attempt": a.attempt,
+                "seed": a.seed,
+                "clip_score": a.score,
+                "error": a.error,
+                "batch_id": f"{a.run}-{a.batch_id}",
+                "batch_size": a.batch_size,
+            }
+            for a in attempts
+        ],
+    }
+
+
+def build_prompt_rows(
+    specs: Sequence[PromptSpec], settings: RunSettings, executor: DiffusersExecutor
+) -> list[PromptRow]:
+    """Resolve each prompt's seed, size and steps; a size the model cannot do is an error."""
+    default_w, default_h = executor.default_size()
+    rows = []
+    for i, s in enumerate(specs):
+        w, h = s.width or default_w, s.height or default_h
+        try:
+            executor.check_size(w, h)
+            executor.check_negative_prompt(s.negative_prompt)
+        except ConfigError as exc:
+            raise ConfigError(f"{settings.prompts}:{s.line}: {exc}") from None
+        length = executor.prompt_length(s.prompt)
+        spec = {
+            "width": w,
+            "height": h,
+            "steps": s.steps or settings.steps,
+            "negative_prompt": s.negative_prompt,
+            "prompt_bucket": length.bucket,
+            "truncated": list(length.truncated),
+        }
+        seed = s.seed if s.seed is not None else settings.seed + i
+        if seed > MAX_SEED:
+            raise ConfigError(
+                f"{settings.prompts}:{s.line}: seed {seed} (--seed {settings.seed} + line "
+                f"index {i}) is above the largest seed {MAX_SEED}"
+            )
+        rid = s.id if s.id is not None else generated_id(i)
+        rows.append(PromptRow(rid, i, s.prompt, seed, spec))
+    return rows
+
+
+def input_notices(
+    settings: RunSettings, specs: Sequence[PromptSpec], rows: Sequence[PromptRow]
+) -> list[str]:
+    """What the user should know about the prompts before they render (not errors)."""
+    notices = []
+    vocab = vocabulary_notice(settings.model, [(s.line, s.prompt) for s in specs])
+    if vocab is not None:
+        notices.append(vocab)
+    cut = [(s, r) for s, r in zip(specs, rows, strict=True) if r.spec["truncated"]]
+    if not cut:
+        return notices
+    shown = "; ".join(f"line {s.line} ({', '.join(r.spec['truncated'])})" for s, r in cut[:3]) + (
+        "; ..." if len(cut) > 3 else ""
+    )
+    notices.append(
+        f"{len(cut)} prompt(s) of {settings.prompts} are longer than a text encoder takes and "
+        f"will be cut: {shown}; metadata.jsonl lists each under 'truncated'"
+    )
+    return notices
+
+
+def _request(row: StoredRequest, attempt: int, settings: RunSettings, executor: Any) -> Request:
+    spec = row.prompt.spec
+    key = key_for(
+        settings.model, spec["width"], spec["height"], spec["steps"], settings.guidance,
+        executor.sampler, settings.precision, executor.device_class,
+        int(spec.get("prompt_bucket", 0)),
+    )  # fmt: skip
+    return Request(
+        id=row.prompt.id,
+        prompt=row.prompt.prompt,
+        key=key,
+        base_seed=row.prompt.base_seed,
+        attempt=attempt,
+        guidance_scale=settings.guidance,
+        negative_prompt=spec["negative_prompt"],
+    )
+
+
+def restore_ledger(store: JobStore) -> Ledger:
+    """A ledger holding every booking already in the store, and the accepted count."""
+    ledger = Ledger()
+    for stage, dev, secs in store.ledger_entries():
+        ledger.book(Stage(stage), dev, secs)
+    ledger.count_accepted(store.counts().get("accepted", 0))
+    return ledger
+
+
+def resume_points(store: JobStore, max_attempts: int) -> tuple[dict[str, int], list[str]]:
+    """For each pending prompt, the attempt to submit; and those already out of attempts."""
+    ended = store.attempts()
+    todo: dict[str, int] = {}
+    exhausted: list[str] = []
+    for row in store.requests("pending"):
+        done = ended.get(row.prompt.id, [])
+        nxt = done[-1].attempt + 1 if done else 0
+        if nxt >= max_attempts:
+            exhausted.append(row.prompt.id)
+        else:
+            todo[row.prompt.id] = nxt
+    return todo, exhausted
+
+
+def run_job(
+    settings: RunSettings,
+    *,
+    executor: DiffusersExecutor | None = None,
+    scorer: Scorer | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> RunSummary:
+    """Run (or resume) the job described by ``settings``; returns the summary.
+
+    ``warn`` receives notices about the input that do not stop the job (prompts a text
+    encoder will truncate).
+    """
+    specs = read_prompts(settings.prompts)
+    policy = settings.policy()
+    with storage_errors(settings.out):
+        if settings.out.exists() and not settings.out.is_dir():
+            raise NotADirectoryError(20, "it exists and is not a folder", str(settings.out))
+        settings.out.mkdir(parents=True, exist_ok=True)
+        lock = FolderLock(settings.out)
+        lock.acquire()
+    try:
+        with storage_errors(settings.out):
+            store = JobStore.open(settings.out / STORE_NAME)
+        try:
+            wanted = settings.identity(file_digest(settings.prompts))
+            stored = store.job_config()
+            if stored is not None:
+                check_config(stored, wanted, settings.out)
+            executor = executor or _load_executor(settings)
+            rows = build_prompt_rows(specs, settings, executor)
+            if warn is not None:
+                for notice in input_notices(settings, specs, rows):
+                    warn(notice)
+            scorer = scorer or ClipScorer.load(
+                resolve(settings.scorer),
+                device=settings.device,
+                scale100=settings.scale100,
+                name=settings.scorer,
+            )
+            if stored is None:
+                with storage_errors(settings.out):
+                    store.create_job(wanted, rows)
+            return _drive(settings, policy, store, executor, scorer, on_progress)
+        finally:
+            store.close()
+    finally:
+        lock.release()
+
+
+def _load_executor(settings: RunSettings) -> DiffusersExecutor:
+    return DiffusersExecutor.load(
+        resolve(settings.model),
+        device=settings.device,
+        precision=settings.precision,
+        name=settings.model,
+    )
+
+
+def _drive(
+    settings: RunSettings,
+    policy: Policy,
+    store: JobStore,
+    executor: DiffusersExecutor,
+    scorer: Scorer,
+    on_progress: Callable[[Progress], None] | None,
+) -> RunSummary:
+    started = time.monotonic()
+    with storage_errors(settings.out):
+        writer = DatasetWriter(settings.out)
+        run, todo = _begin_run(settings, store, writer)
+    sched = Scheduler(
+        policy,
+        qa=QAPolicy(threshold=settings.threshold, max_attempts=settings.max_attempts),
+        default_cap=settings.max_batch_size,
+        ledger=restore_ledger(store),
+    )
+    with storage_errors(settings.out):
+        writer.write_ledger(sched.ledger.report().to_dict())
+    all_rows = store.requests()
+    counts = store.counts()
+    progress = Progress(
+        len(all_rows), accepted=counts.get("accepted", 0), escalated=counts.get("escalated", 0)
+    )
+    prompts = {r.prompt.id: r.prompt for r in all_rows}
+    config = store.job_config() or {}
+    listener = JobListener(
+        store, writer, run, settings, prompts, progress, config, on_progress, ledger=sched.ledger
+    )
+    engine = RealtimeEngine(
+        sched, {executor.device_class: executor}, scorer, listener,
+        score_batch_size=settings.score_batch_size,
+    )  # fmt: skip
+    for row in all_rows:
+        if row.prompt.id in todo:
+            engine.submit(_request(row, todo[row.prompt.id], settings, executor))
+    if on_progress is not None:
+        on_progress(progress)
+    engine.run()
+    report = sched.ledger.report()
+    with storage_errors(settings.out):
+        refresh_views(store, writer)
+        writer.write_ledger(report.to_dict())
+        store.finish_run(run)
+    wall = time.monotonic() - started
+    share, threads = _cpu_share(executor, scorer)
+    return summarise(
+        settings.mode, str(settings.out), store, report, listener.batch_sizes, wall,
+        submitted=len(todo), cpu_share=share, threads=threads,
+    )  # fmt: skip
+
+
+def _cpu_share(*workers: Any) -> tuple[float | None, int | None]:
+    """How much of the measured CPU device time torch's threads ran (see DeviceTimer)."""
+    import torch
+
+    timers = [t for w in workers if (t := getattr(w, "timer", None)) is not None]
+    wall = sum(float(getattr(t, "wall_s", 0.0)) for t in timers)
+    core = sum(float(getattr(t, "core_s", 0.0)) for t in timers)
+    return (core / wall if wall > 0 else None), int(torch.get_num_threads())
+
+
+def _begin_run(
+    settings: RunSettings, store: JobStore, writer: DatasetWriter
+) -> tuple[int, dict[str, int]]:
+    """Record the run, settle what a crash left behind, and say what to submit."""
+    run = store.start_run(os.getpid(), settings.mode)
+    todo, exhausted = resume_points(store, settings.max_attempts)
+    if exhausted:
+        last = settings.max_attempts - 1
+        store.commit_step(run, [], [Outcome(r, "escalated", last) for r in exhausted], [])
+    refresh_views(store, writer)
+    return run, todo
+
+
+def refresh_views(store: JobStore, writer: DatasetWriter) -> None:
+    """Rewrite metadata/review from the store and delete images the store does not know."""
+    config = store.job_config() or {}
+    accepted = store.requests("accepted")
+    writer.prune({r.file_name for r in accepted if r.file_name})
+    writer.rewrite(
+        METADATA,
+        [
+            metadata_row(
+                r.prompt,
+                r.attempt or 0,
+                r.score,
+                r.file_name,
+                r.run,
+                r.batch_id,
+                r.batch_size,
+                config,
+            )
+            for r in accepted
+        ],
+    )
+    ended = store.attempts()
+    writer.rewrite(
+        REVIEW,
+        [review_row(r.prompt, ended.get(r.prompt.id, [])) for r in store.requests("escalated")],
+    )

@@ -1,0 +1,366 @@
+"""The real-time engine: the scheduler core on a real clock, with real executors.
+
+One step reads like the simulator's: now -> schedule -> run -> score -> decide -> commit
+-> feed results back -> sleep until ``next_wakeup`` or the next result. Rendering and
+scoring are separate stages on separate worker threads (one render worker per device
+class, one scorer worker), so on its own device the scorer works on batch N while batch
+N+1 renders; torch releases the GIL inside its kernels, so the stages really overlap.
+
+When the scorer runs on a device class that also renders (a CPU-only machine, or one GPU
+for both stages), the two stages take turns on it instead: a device runs one job at a
+time, and scoring goes first when it is free (scores finish requests; a render batch that
+waits for them waits only the milliseconds a score batch takes). Side by side, both
+stages would book the same device-seconds; on CPU cores they also slowed each other (see
+``renderq.backends.device``). Overlap on one shared GPU has not been measured.
+
+The engine never decides anything about batching (the scheduler does) and never writes
+anything (its ``Listener`` does): every render or score batch that comes back is fed to
+the scheduler and handed to the listener as one ``Step`` with the events it caused and
+the ledger rows it booked, which the listener commits in one transaction.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from renderq.core.errors import ConfigError, WorkerLost
+from renderq.core.events import Admission, Event, ToScore
+from renderq.core.ledger import Ledger
+from renderq.core.protocols import Executor, Scorer
+from renderq.core.scheduler import Scheduler
+from renderq.core.score_stage import ScoreJob, ScoreStage, score_cap
+from renderq.core.types import Batch, BatchResult, ItemResult, Request, ScoreResult
+
+LedgerRow = tuple[str, str, float]
+"""A ledger booking: ``(stage, device_class, seconds)``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One result fed back to the scheduler: what came back and what it caused.
+
+    ``kind`` is ``"render"``, ``"score"`` or ``"lost"`` (a render batch whose worker
+    died: ``batch`` is set, its requests are queued again, ``ledger`` holds the device
+    time it cost). For a render step ``batch`` and ``render`` are set; for a score
+    step ``scored`` holds the attempts scored and ``score`` the result. ``images`` maps
+    request ids to the images scored in this step. ``held_s``: the engine's seconds from
+    handing the batch to its worker to this step, the device's time on it plus the
+    hand-offs either side (what a simulator must hold a worker for).
+    """
+
+    kind: str
+    events: tuple[Event, ...]
+    ledger: tuple[LedgerRow, ...]
+    batch: Batch | None = None
+    render: BatchResult | None = None
+    scored: tuple[Request, ...] = ()
+    score: ScoreResult | None = None
+    images: Mapping[str, Any] = field(default_factory=dict)
+    held_s: float = 0.0
+
+
+class Listener(Protocol):
+    """Receives every step; it commits the step (store, dataset) before returning."""
+
+    def started(self, batch: Batch) -> None:
+        """A render batch was cut and handed to a worker."""
+        ...
+
+    def step(self, step: Step) -> None:
+        """A render or score batch came back and was fed to the scheduler."""
+        ...
+
+
+_RENDERED, _SCORED, _SCORE_FAILED, _CALL = "rendered", "scored", "score_failed", "call"
+_LOST = "lost"
+MAX_LOSSES = 3
+"""Batches in a row a device class may lose (its worker dying each time) before the run stops."""
+
+
+class RealtimeEngine:
+    """Drives a :class:`Scheduler` with a real clock until every request is terminal."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        executors: Mapping[str, Executor],
+        scorer: Scorer,
+        listener: Listener,
+        *,
+        score_batch_size: int = 32,
+        score_retries: int = 2,
+        share_device: bool | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``executors`` maps each device class to the executor of its one worker.
+
+        ``share_device``: whether scoring and rendering take turns on the scorer's device
+        class; by default they do exactly when a render executor has that device class.
+        ``False`` lets them overlap (for measuring what taking turns saves).
+        """
+        if not executors:
+            raise ConfigError("the engine needs at least one executor")
+        self.scheduler = scheduler
+        self.executors = dict(executors)
+        self.scorer = scorer
+        self.listener = listener
+        self._clock = clock
+        self._t0 = clock()
+        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._render_q: dict[str, queue.Queue[Batch | None]] = {
+            dc: queue.Queue() for dc in self.executors
+        }
+        self._score_q: queue.Queue[ScoreJob | None] = queue.Queue()
+        self._workers = dict.fromkeys(self.executors, 1)
+        self._free = dict(self._workers)
+        shares = scorer.device_class in self.executors
+        self.scoring = ScoreStage(
+            score_cap(score_batch_size, scheduler.policy.max_batch_size),
+            scorer.device_class,
+            shared=scorer.device_class if (shares and share_device is not False) else None,
+            retries=score_retries,
+        )
+        self._score_sent = 0.0
+        self._sent: dict[int, float] = {}  # render batch id -> when its worker got it
+        self._losses = dict.fromkeys(self.executors, 0)  # batches lost in a row per class
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+
+    @property
+    def shares_device(self) -> bool:
+        """Whether scoring and rendering take turns on the scorer's device class."""
+        return self.scoring.shared is not None
+
+    @property
+    def score_batch_size(self) -> int:
+        """The largest score batch."""
+        return self.scoring.batch_size
+
+    def now(self) -> float:
+        """Seconds since the engine was created (the scheduler's time axis)."""
+        return self._clock() - self._t0
+
+    def submit(self, request: Request) -> Admission:
+        """Submit a request now."""
+        return self.scheduler.submit(request, self.now())
+
+    def stop(self) -> None:
+        """Ask the loop to stop after the step in progress (results in flight are dropped)."""
+        self._stop.set()
+        self._inbox.put(("wake", None))
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def call(self, fn: Callable[[float], Any]) -> Future[Any]:
+        """Run ``fn(now)`` on the loop's thread; thread-safe, for callers while it runs.
+
+        A service submits and cancels this way, so the scheduler is only ever touched by
+        the loop's thread. The future holds ``fn``'s return value or exception.
+        """
+        fut: Future[Any] = Future()
+        self._inbox.put((_CALL, (fn, fut)))
+        return fut
+
+    def run(self, *, until_idle: bool = True) -> None:
+        """Run until every submitted request is terminal (or :meth:`stop` is called).
+
+        With ``until_idle=False`` it keeps running when idle, waiting for :meth:`call`,
+        until :meth:`stop`.
+        """
+        for dc in self.executors:
+            self._start_worker(self._render_worker, dc, f"render-{dc}")
+        self._start_worker(self._score_worker, None, "score")
+        try:
+            while not self._stop.is_set():
+                # One reading of the clock for cutting and for the timer: with two, a delay
+                # that ran out between them was neither cut nor timed, and the request
+                # waited for the next message.
+                now = self.now()
+                self._dispatch(now)
+                if until_idle and self._finished():
+                    return
+                wake = self.scheduler.next_wakeup(now)
+                timeout = None if wake is None else max(0.0, wake - self.now())
+                try:
+                    msg = self._inbox.get(timeout=timeout)
+                except queue.Empty:
+                    continue
+                self._handle(msg)
+                while True:
+                    try:
+                        self._handle(self._inbox.get_nowait())
+                    except queue.Empty:
+                        break
+        finally:
+            for q in self._render_q.values():
+                q.put(None)
+            self._score_q.put(None)
+            for t in self._threads:
+                t.join(timeout=60)
+
+    def _start_worker(self, target: Callable[..., None], arg: Any, name: str) -> None:
+        args = () if arg is None else (arg,)
+        thread = threading.Thread(target=target, args=args, daemon=True, name=name)
+        self._threads.append(thread)
+        thread.start()
+
+    def _finished(self) -> bool:
+        return (
+            self.scheduler.idle()
+            and self.scoring.idle()
+            and all(self._free[dc] == n for dc, n in self._workers.items())
+        )
+
+    def _dispatch(self, now: float) -> None:
+        job = self.scoring.take(self._free, self._workers)
+        if job is not None:
+            self._score_sent = self.now()
+            self._score_q.put(job)
+        free = dict(self._free)
+        held = self.scoring.holds()
+        if held is not None:
+            free[held] = 0  # the scorer holds the device; renders wait their turn
+        for batch in self.scheduler.schedule(now, free):
+            self._free[batch.key.device_class] -= 1
+            self.listener.started(batch)
+            self._sent[batch.id] = self.now()
+            self._render_q[batch.key.device_class].put(batch)
+
+    def _handle(self, msg: tuple[str, Any]) -> None:
+        kind, payload = msg
+        if kind == _CALL:
+            fn, fut = payload
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(self.now()))
+                except Exception as exc:
+                    fut.set_exception(exc)
+        elif kind == _RENDERED:
+            batch, result = payload
+            self._free[batch.key.device_class] += 1
+            self._losses[batch.key.device_class] = 0
+            self._on_rendered(batch, result)
+        elif kind == _LOST:
+            self._on_lost(*payload)
+        elif kind == _SCORED:
+            job, result = payload
+            self.scoring.done()
+            self._on_scored(job, result)
+        elif kind == _SCORE_FAILED:
+            job, error = payload
+            failed = self.scoring.failed(job, error)
+            if failed is not None:
+                self._on_scored(job, failed)
+
+    def _on_rendered(self, batch: Batch, result: BatchResult) -> None:
+        before = _snapshot(self.scheduler.ledger)
+        events = tuple(self.scheduler.on_result(result, self.now()))
+        for ev in events:
+            if isinstance(ev, ToScore):
+                self.scoring.add(ev.request, ev.image)
+        rows = _delta(before, self.scheduler.ledger)
+        held = self.now() - self._sent.pop(batch.id, self.now())
+        self.listener.step(Step("render", events, rows, batch=batch, render=result, held_s=held))
+
+    def _on_lost(self, batch: Batch, seconds: float, error: str, died: bool) -> None:
+        """A render worker died with ``batch`` (or its executor lost its backend).
+
+        The batch goes back to the queue through the scheduler, its device time is booked
+        as lost, and a dead worker thread is started again, up to ``MAX_LOSSES`` batches
+        in a row on one device class; past that the run stops (resumable) rather than
+        losing batch after batch.
+        """
+        dc = batch.key.device_class
+        before = _snapshot(self.scheduler.ledger)
+        self.scheduler.on_lost(batch.id, self.now(), seconds, dc)
+        rows = _delta(before, self.scheduler.ledger)
+        self._sent.pop(batch.id, None)
+        self.listener.step(Step("lost", (), rows, batch=batch))
+        self._losses[dc] += 1
+        if self._losses[dc] > MAX_LOSSES:
+            raise WorkerLost(
+                f"the render worker of {dc!r} lost {self._losses[dc]} batches in a row "
+                f"(last: {error}); the queued work is kept: run again to resume"
+            )
+        if died:
+            self._start_worker(self._render_worker, dc, f"render-{dc}")
+        self._free[dc] += 1
+
+    def _on_scored(self, job: ScoreJob, result: ScoreResult) -> None:
+        before = _snapshot(self.scheduler.ledger)
+        ids = [r.id for r in job.requests]
+        events = tuple(self.scheduler.on_scores(ids, result, self.now()))
+        rows = _delta(before, self.scheduler.ledger)
+        images = dict(zip(ids, job.images, strict=True))
+        self.listener.step(
+            Step(
+                "score",
+                events,
+                rows,
+                scored=tuple(job.requests),
+                score=result,
+                images=images,
+                held_s=self.now() - self._score_sent,
+            )
+        )
+
+    # -- workers ------------------------------------------------------------------------
+
+    def _render_worker(self, device_class: str) -> None:
+        executor = self.executors[device_class]
+        inbox = self._render_q[device_class]
+        while (batch := inbox.get()) is not None:
+            start = time.perf_counter()
+            try:
+                result = executor.run(batch)
+            except WorkerLost as exc:  # the executor's backend died; the executor lives on
+                lost = (batch, time.perf_counter() - start, str(exc), False)
+                self._inbox.put((_LOST, lost))
+                continue
+            except Exception as exc:  # an executor must not raise; if it does, fail the items
+                error = f"executor failed: {type(exc).__name__}: {exc}"
+                items = tuple(ItemResult(r.id, error=error) for r in batch.requests)
+                result = BatchResult(batch.id, items, time.perf_counter() - start, device_class)
+            except BaseException as exc:  # this thread is dying: the batch must not die with it
+                lost = (batch, time.perf_counter() - start, f"{type(exc).__name__}: {exc}", True)
+                self._inbox.put((_LOST, lost))
+                return
+            self._inbox.put((_RENDERED, (batch, result)))
+
+    def _score_worker(self) -> None:
+        while (job := self._score_q.get()) is not None:
+            try:
+                result = self.scorer.score(job.images, [r.prompt for r in job.requests])
+            except Exception as exc:
+                self._inbox.put((_SCORE_FAILED, (job, f"{type(exc).__name__}: {exc}")))
+                continue
+            except BaseException as exc:  # the thread is dying: retry the job on a new one
+                self._start_worker(self._score_worker, None, "score")
+                self._inbox.put((_SCORE_FAILED, (job, f"scorer died: {type(exc).__name__}")))
+                return
+            self._inbox.put((_SCORED, (job, result)))
+
+
+def _snapshot(ledger: Ledger) -> dict[tuple[Any, str], float]:
+    return dict(ledger.entries)
+
+
+def _delta(before: Mapping[tuple[Any, str], float], ledger: Ledger) -> tuple[LedgerRow, ...]:
+    """Ledger rows booked since ``before`` (zero-second splits left out)."""
+    rows: list[LedgerRow] = []
+    for (stage, dev), secs in ledger.entries.items():
+        added = secs - before.get((stage, dev), 0.0)
+        if added > 0:
+            rows.append((str(stage.value if hasattr(stage, "value") else stage), dev, added))
+    return tuple(rows)
+
+
+def submit_all(engine: RealtimeEngine, requests: Sequence[Request]) -> list[Admission]:
+    """Submit many requests at the engine's current time."""
+    return [engine.submit(r) for r in requests]

@@ -1,1 +1,0 @@
-"""renderq.scoring."""

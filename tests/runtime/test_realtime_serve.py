@@ -1,0 +1,83 @@
+"""The real-time engine as a long-running service loop: thread-safe calls, stop."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from renderq.core.events import Accepted
+from renderq.core.policies import Dynamic
+from renderq.core.qa import QAPolicy
+from renderq.core.scheduler import Scheduler
+from renderq.core.types import Batch, BatchKey, Request
+from renderq.runtime.realtime import RealtimeEngine, Step
+from renderq.testing.fakes import FakeExecutor, ScriptedScorer
+
+KEY = BatchKey("m", 64, 64, 2, True, "ddim", "fp32", "cpu")
+
+
+class Collect:
+    def __init__(self) -> None:
+        self.accepted: list[str] = []
+        self.done = threading.Event()
+
+    def started(self, batch: Batch) -> None:
+        pass
+
+    def step(self, step: Step) -> None:
+        self.accepted += [e.request.id for e in step.events if isinstance(e, Accepted)]
+        if len(self.accepted) >= 5:
+            self.done.set()
+
+
+def test_calls_submit_from_other_threads_while_the_loop_keeps_running() -> None:
+    sched = Scheduler(Dynamic(0.01, 4), qa=QAPolicy(threshold=0.5))
+    listener = Collect()
+    engine = RealtimeEngine(sched, {"cpu": FakeExecutor()}, ScriptedScorer(), listener)
+    loop = threading.Thread(target=lambda: engine.run(until_idle=False), daemon=True)
+    loop.start()
+    verdicts = [
+        engine.call(lambda now, i=i: sched.submit(Request(f"r{i}", "a red circle", KEY), now))
+        for i in range(5)
+    ]
+    assert all(v.result(timeout=10).admitted for v in verdicts)
+    assert listener.done.wait(timeout=10)
+    assert loop.is_alive()  # idle, but still serving
+    bad = engine.call(lambda now: sched.state("nope"))
+    with pytest.raises(KeyError, match="nope"):
+        bad.result(timeout=10)
+    engine.stop()
+    loop.join(timeout=10)
+    assert not loop.is_alive() and sorted(listener.accepted) == [f"r{i}" for i in range(5)]
+
+
+class TickingClock:
+    """A clock that moves ``step`` seconds every time it is read (a slow, busy thread)."""
+
+    def __init__(self, step: float) -> None:
+        self.t, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.t += self.step
+        return self.t
+
+
+@pytest.mark.parametrize("step", [0.01, 0.05])
+def test_a_timer_that_runs_out_between_two_clock_reads_still_cuts_the_batch(step: float) -> None:
+    # The loop once read the clock for ``schedule`` and again for ``next_wakeup``: when the
+    # oldest request's delay ran out in between, neither cut it nor set a timer, and a lone
+    # request waited for the next arrival (for ever, if none came).
+    sched = Scheduler(Dynamic(0.1, 4), qa=QAPolicy(threshold=0.5))
+    listener = Collect()
+    engine = RealtimeEngine(
+        sched, {"cpu": FakeExecutor()}, ScriptedScorer(), listener, clock=TickingClock(step)
+    )
+    engine.submit(Request("r0", "a red circle", KEY))
+    loop = threading.Thread(target=engine.run, daemon=True)
+    loop.start()
+    loop.join(timeout=10)
+    stuck = loop.is_alive()
+    engine.stop()
+    assert not stuck, f"the lone request was never cut (clock step {step})"
+    assert listener.accepted == ["r0"]

@@ -1,0 +1,120 @@
+"""The service wired in-process on the null model: instant, so it tests the plumbing."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from renderq.service.config import ServiceConfig
+from renderq.service.render import RenderService
+
+
+def test_null_model_service_renders_batches_and_drains(tmp_path: Path) -> None:
+    svc = RenderService(ServiceConfig(model="null", data_dir=tmp_path, max_batch_size=4))
+    svc.start()
+    assert svc.ready.wait(timeout=60), svc.load_error
+    reqs = svc.build_requests("local", prompt="a red circle", n=3, seed=5, qa=False)
+    assert {r.key.device_class for r in reqs} == {"null"}
+
+    async def go() -> list[object]:
+        return list(await svc.generate(reqs, None))
+
+    results = asyncio.run(go())
+    assert [r.state for r in results] == ["skipped"] * 3  # type: ignore[attr-defined]
+    assert [r.seed for r in results] == [5, 6, 7]  # type: ignore[attr-defined]
+    stats = svc.stats()
+    assert stats["served"] == 3 and stats["capacity_images_per_s"] > 0
+    svc.drain(timeout_s=30)
+    assert svc.draining
+
+
+def test_a_bulk_job_ten_times_the_per_key_queue_finishes_without_a_restart(
+    tmp_path: Path,
+) -> None:
+    import time
+
+    cfg = ServiceConfig(model="null", data_dir=tmp_path, max_batch_size=4, max_queue_per_key=8)
+    svc = RenderService(cfg)
+    svc.start()
+    assert svc.ready.wait(timeout=60), svc.load_error
+    prompts = [(f"a red circle {i}", i, "") for i in range(80)]
+    job_id = svc.create_job("local", prompts)
+    deadline = time.monotonic() + 60
+    status = svc.job_status("local", job_id)
+    while status["state"] != "done" and time.monotonic() < deadline:
+        time.sleep(0.05)
+        status = svc.job_status("local", job_id)
+    assert status["state"] == "done", status
+    assert status["accepted"] + status["escalated"] == 80 and status["pending"] == 0
+    svc.drain(timeout_s=30)
+
+
+def test_a_drain_reports_the_bulk_prompts_it_really_kept(tmp_path: Path, capsys: object) -> None:
+    import re
+    import time
+
+    from renderq.backends.null import NullExecutor, NullScorer
+    from renderq.core.types import Batch, BatchResult
+    from renderq.service.render import Defaults
+    from renderq.store.sqlite import JobStore
+
+    class Slow(NullExecutor):
+        def run(self, batch: Batch) -> BatchResult:
+            time.sleep(0.2)
+            return super().run(batch)
+
+    def load(config: ServiceConfig) -> tuple[object, object, Defaults]:
+        ex = Slow()
+        return ex, NullScorer(), Defaults(ex.size, ex.size, 1, 0.0, 0.0, ex.sampler)
+
+    cfg = ServiceConfig(model="null", data_dir=tmp_path, max_batch_size=2, max_queue_per_key=4)
+    svc = RenderService(cfg, load=load)  # type: ignore[arg-type]
+    svc.start()
+    assert svc.ready.wait(timeout=60), svc.load_error
+    job_id = svc.create_job("local", [(f"p {i}", i, "") for i in range(20)])
+    svc.drain(timeout_s=30)
+    err = capsys.readouterr().err  # type: ignore[attr-defined]
+    kept = int(re.search(r"drained; (\d+) queued bulk prompts kept", err).group(1))  # type: ignore[union-attr]
+    store = JobStore.open(tmp_path / "jobs" / job_id / "renderq.sqlite")
+    try:
+        pending = store.counts().get("pending", 0)
+    finally:
+        store.close()
+    assert kept == pending > 0
+
+
+def test_bulk_job_scores_are_recorded_with_the_services_scorer(tmp_path: Path) -> None:
+    import time
+
+    from renderq.store.sqlite import JobStore
+
+    cfg = ServiceConfig(model="null", scorer="my/scorer", data_dir=tmp_path, max_batch_size=4)
+    svc = RenderService(cfg)
+    svc.start()
+    assert svc.ready.wait(timeout=60), svc.load_error
+    job_id = svc.create_job("local", [("a red circle", 1, ""), ("a blue square", 2, "")])
+    deadline = time.monotonic() + 30
+    while svc.job_status("local", job_id)["state"] != "done" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    svc.drain(timeout_s=30)
+    store = JobStore.open(tmp_path / "jobs" / job_id / "renderq.sqlite")
+    try:
+        scorers = {scorer for _, _, scorer, _ in store.scores()}
+    finally:
+        store.close()
+    assert scorers == {"my/scorer"}
+
+
+def test_n_above_the_tenant_limit_is_a_bad_request_not_a_retry(tmp_path: Path) -> None:
+    import pytest
+
+    from renderq.core.errors import ConfigError
+
+    cfg = ServiceConfig(model="null", data_dir=tmp_path, tenant_max_queued=4)
+    svc = RenderService(cfg)
+    svc.start()
+    assert svc.ready.wait(timeout=60), svc.load_error
+    with pytest.raises(ConfigError, match="n=5 is above this tenant's limit of 4"):
+        svc._check_admission("local", 5)
+    svc._check_admission("local", 4)
+    svc.drain(timeout_s=30)

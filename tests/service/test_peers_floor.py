@@ -1,0 +1,35 @@
+"""The peers bench's floor: a bare FastAPI endpoint beside renderq on the null model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytestmark = pytest.mark.slow
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "peers" / "run.py"
+
+
+def test_the_null_pass_measures_renderq_against_a_bare_fastapi_floor(tmp_path: Path) -> None:
+    saved = tmp_path / "peers.json"
+    cmd = [sys.executable, str(BENCH), "--only-null", "--systems", "renderq,fastapi",
+           "--null-sweep", "0", "--null-rate", "20", "--null-duration", "2",
+           "--save", str(saved)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    part = json.loads(saved.read_text())["null"]
+    rows = {r["system"]: r for r in part["sweep"]}
+    assert set(rows) == {"renderq", "fastapi"}
+    for r in rows.values():  # both served every request of the same trace
+        assert r["served"] == part["requests"] > 10 and r["errors"] == 0
+        assert 0 < r["p50_s"] <= r["p99_s"] < 5
+    floor = rows["fastapi"]
+    ratio = f"p50 {rows['renderq']['p50_s'] / floor['p50_s']:.2f}x"
+    assert f"renderq over the bare FastAPI floor: {ratio}" in done.stdout
