@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from renderq.core.buckets import PromptBuckets
 from renderq.core.cost import LatencyCurve, MemoryModel, Profile, StageCost
 from renderq.core.errors import ConfigError, ProfileError
-from renderq.core.ledger import Ledger
+from renderq.core.ledger import Ledger, shares_by
 from renderq.core.policies import Dynamic, QueueView, Windows
 from renderq.core.qa import QAPolicy, Verdict
 from renderq.core.seeds import seed_for, splitmix64
@@ -149,6 +149,37 @@ def test_ledger_splits_mixed_batches_and_prices_them() -> None:
     with pytest.raises(ValueError, match="-1"):
         led.book_batch("render", [0], -1.0, "a100")
     assert Ledger().report().per_10k_accepted_hours() is None
+
+
+def test_a_batch_of_first_attempts_books_no_negative_retry_time() -> None:
+    # 0.1 * 3 / 3 is not 0.1 in floats: the remainder booked to regen went below zero.
+    led = Ledger()
+    led.book_batch("render", [0, 0, 0], 0.1, "cpu")
+    assert led.report().seconds[Stage.REGEN] == 0.0
+    assert led.report().seconds[Stage.RENDER] == 0.1
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from(["a", "b", None]), st.integers(0, 3)), min_size=1),
+    st.floats(0, 1e4),
+    st.sampled_from(["render", "score"]),
+)
+def test_shares_by_group_are_the_ledgers_split_by_head_count(
+    items: list[tuple[str | None, int]], seconds: float, kind: str
+) -> None:
+    shares = shares_by(items, seconds, kind)
+    assert set(shares) == {g for g, _ in items if g is not None}
+    for group, stages in shares.items():
+        mine = [a for g, a in items if g == group]
+        assert math.isclose(
+            sum(stages.values()), seconds * len(mine) / len(items), rel_tol=1e-9, abs_tol=1e-12
+        )
+        retries = stages.get(Stage.REGEN if kind == "render" else Stage.RESCORE, 0.0)
+        assert (retries > 0) == (seconds > 0 and any(a > 0 for a in mine))
+    # What the groups get plus the share of the ungrouped is the whole batch.
+    loose = sum(1 for g, _ in items if g is None)
+    total = sum(sum(s.values()) for s in shares.values()) + seconds * loose / len(items)
+    assert math.isclose(total, seconds, rel_tol=1e-9, abs_tol=1e-9)
 
 
 def test_shipped_mini_sd_profile_is_a_measurement() -> None:

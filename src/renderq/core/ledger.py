@@ -8,13 +8,61 @@ count (a render batch of 60 first attempts and 4 regenerations books 60/64 of it
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from renderq.core.types import Stage
 
 _FIRST = {"render": Stage.RENDER, "score": Stage.SCORE}
 _RETRY = {"render": Stage.REGEN, "score": Stage.RESCORE}
+
+K = TypeVar("K", bound=Hashable)
+
+
+def stage_split(kind: str, attempts: Iterable[int], device_seconds: float) -> dict[Stage, float]:
+    """One batch's device-seconds split between first attempts and retries by head count.
+
+    ``kind`` is ``"render"`` or ``"score"``; the two values add up to ``device_seconds``
+    exactly (the retry part is the remainder), so stage totals add up to batch totals.
+    """
+    if kind not in _FIRST:
+        raise ValueError(f"batch kind must be 'render' or 'score', got {kind!r}")
+    if not math.isfinite(device_seconds) or device_seconds < 0:
+        raise ValueError(f"device_seconds must be finite and >= 0, got {device_seconds}")
+    counts = [0, 0]
+    for a in attempts:
+        counts[a > 0] += 1
+    n = counts[0] + counts[1]
+    if n == 0:
+        raise ValueError("cannot book a batch with no items")
+    # All of it when every item is a first attempt: s * n / n need not equal s in floats.
+    first = device_seconds if counts[1] == 0 else device_seconds * counts[0] / n
+    return {_FIRST[kind]: first, _RETRY[kind]: device_seconds - first}
+
+
+def shares_by(
+    items: Iterable[tuple[K | None, int]], device_seconds: float, kind: str
+) -> dict[K, dict[Stage, float]]:
+    """Each group's head-count share of one batch's device-seconds, split as the ledger books it.
+
+    ``items`` are the batch's ``(group, attempt)`` pairs, one per request; a request of no
+    group (``None``: an interactive request beside a bulk job's) counts in the head count
+    but its share goes to nobody here. Stages a group has no requests in are left out.
+    """
+    groups: dict[K, list[int]] = {}
+    n = 0
+    for group, attempt in items:
+        n += 1
+        if group is not None:
+            groups.setdefault(group, []).append(attempt)
+    if n == 0:
+        return {}
+    out: dict[K, dict[Stage, float]] = {}
+    for group, attempts in groups.items():
+        split = stage_split(kind, attempts, device_seconds * len(attempts) / n)
+        out[group] = {stage: s for stage, s in split.items() if s > 0}
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,19 +132,8 @@ class Ledger:
         self, kind: str, attempts: Iterable[int], device_seconds: float, device_class: str
     ) -> None:
         """Book one batch of ``kind`` (``"render"`` or ``"score"``) whose items had ``attempts``."""
-        if kind not in _FIRST:
-            raise ValueError(f"batch kind must be 'render' or 'score', got {kind!r}")
-        if not math.isfinite(device_seconds) or device_seconds < 0:
-            raise ValueError(f"device_seconds must be finite and >= 0, got {device_seconds}")
-        counts = [0, 0]
-        for a in attempts:
-            counts[a > 0] += 1
-        n = counts[0] + counts[1]
-        if n == 0:
-            raise ValueError("cannot book a batch with no items")
-        first = device_seconds * counts[0] / n
-        self._add(_FIRST[kind], device_class, first)
-        self._add(_RETRY[kind], device_class, device_seconds - first)
+        for stage, seconds in stage_split(kind, attempts, device_seconds).items():
+            self._add(stage, device_class, seconds)
         self.batch_seconds += device_seconds
         self.batches += 1
 

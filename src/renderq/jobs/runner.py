@@ -134,7 +134,8 @@ class JobListener:
     store: JobStore
     writer: DatasetWriter
     run: int
-    settings: RunSettings
+    #: The scorer's name, recorded with every score (the service's bulk jobs pass theirs).
+    scorer: str
     prompts: dict[str, PromptRow]
     progress: Progress
     config: dict[str, Any] = field(default_factory=dict)
@@ -170,7 +171,7 @@ class JobListener:
             elif isinstance(ev, Escalated):
                 outcomes.append(Outcome(rid, "escalated", a.attempt, a.score))
         with storage_errors(self.writer.out, lost=step.ledger):
-            self.store.commit_step(self.run, attempts, outcomes, step.ledger, self.settings.scorer)
+            self.store.commit_step(self.run, attempts, outcomes, step.ledger, self.scorer)
         with storage_errors(self.writer.out):
             self._append_views(outcomes)
             if self.ledger is not None:
@@ -480,7 +481,15 @@ def _drive(
     prompts = {r.prompt.id: r.prompt for r in all_rows}
     config = store.job_config() or {}
     listener = JobListener(
-        store, writer, run, settings, prompts, progress, config, on_progress, ledger=sched.ledger
+        store,
+        writer,
+        run,
+        settings.scorer,
+        prompts,
+        progress,
+        config,
+        on_progress,
+        ledger=sched.ledger,
     )
     engine = RealtimeEngine(
         sched, {executor.device_class: executor}, scorer, listener,

@@ -20,12 +20,13 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from renderq.backends.registry import DEFAULT_MODEL, DEFAULT_SCORER
+from renderq.backends.registry import DEFAULT_SCORER
 from renderq.core.events import Event
+from renderq.core.ledger import shares_by
 from renderq.core.policies import Windows
 from renderq.core.seeds import seed_for
 from renderq.core.types import Batch, BatchKey, Request
-from renderq.jobs.runner import STORE_NAME, JobListener, RunSettings, resume_points
+from renderq.jobs.runner import STORE_NAME, JobListener, resume_points
 from renderq.jobs.summary import Progress
 from renderq.output.dataset import DatasetWriter, atomic_write_text
 from renderq.runtime.realtime import LedgerRow, Step
@@ -52,23 +53,14 @@ class ServiceJob:
         self.rows = {r.prompt.id: r.prompt for r in self.store.requests()}
         counts = self.store.counts()
         config = self.store.job_config() or {}
-        settings = RunSettings(
-            prompts=folder / "prompts.txt",
-            out=folder,
-            mode="dynamic",
-            model=str(config.get("model", DEFAULT_MODEL)),
-            scorer=str(config.get("scorer", DEFAULT_SCORER)),
-            max_attempts=max_attempts,
-            guidance=float(meta["guidance"]),
-        )
         self.listener = JobListener(
             self.store,
             DatasetWriter(folder),
             self.store.start_run(os.getpid(), "service"),
-            settings,
+            str(config.get("scorer", DEFAULT_SCORER)),
             dict(self.rows),
             Progress(len(self.rows), counts.get("accepted", 0), counts.get("escalated", 0)),
-            self.store.job_config() or {},
+            config,
         )
 
     @property
@@ -293,18 +285,18 @@ class JobBook:
 def job_shares(
     requests: Sequence[Request], seconds: float, kind: str, device_class: str
 ) -> dict[str, tuple[LedgerRow, ...]]:
-    """Each job's head-count share of a batch's device-seconds, by first attempt and retry."""
-    if not requests or seconds <= 0:
+    """Each job's share of a render or score batch's device-seconds, as ledger rows.
+
+    The split is the ledger's own (``core.ledger.shares_by``): by head count, first
+    attempts and retries apart; interactive requests count but belong to no job.
+    """
+    if not requests or seconds <= 0 or kind not in ("render", "score"):
         return {}
-    per = seconds / len(requests)
-    first, retry = ("render", "regen") if kind == "render" else ("score", "rescore")
-    acc: dict[str, dict[str, float]] = {}
-    for r in requests:
-        if r.job:
-            stage = first if r.attempt == 0 else retry
-            acc.setdefault(r.job, {}).setdefault(stage, 0.0)
-            acc[r.job][stage] += per
-    return {j: tuple((s, device_class, v) for s, v in st.items()) for j, st in acc.items()}
+    split = shares_by(((r.job or None, r.attempt) for r in requests), seconds, kind)
+    return {
+        job: tuple((stage.value, device_class, s) for stage, s in stages.items())
+        for job, stages in split.items()
+    }
 
 
 def write_meta(folder: Path, meta: dict[str, Any]) -> None:

@@ -27,6 +27,7 @@ from renderq.core.admission import AdmissionConfig
 from renderq.core.cost import LatencyCurve, StageCost
 from renderq.core.errors import ConfigError, UnknownRequest
 from renderq.core.events import Accepted, Cancelled, Escalated, Event, Regenerating
+from renderq.core.ledger import shares_by
 from renderq.core.policies import Dynamic
 from renderq.core.protocols import Executor, Scorer
 from renderq.core.qa import QAPolicy
@@ -617,15 +618,15 @@ class RenderService:
         return found
 
     def _book_tenants(self, reqs: Sequence[Request], seconds: float, kind: str) -> None:
-        """Each tenant's head-count share of a batch's device-seconds (as jobs are booked)."""
+        """Each tenant's share of a batch's device-seconds, split as the ledger splits it."""
         if not reqs or seconds <= 0 or kind not in ("render", "score"):
             return
-        per = seconds / len(reqs)
-        first, retry = ("render", "regen") if kind == "render" else ("score", "rescore")
-        for r in reqs:
-            booked = self._tenant(r.tenant).device_seconds
-            stage = first if r.attempt == 0 else retry
-            booked[stage] = booked.get(stage, 0.0) + per
+        for tenant, stages in shares_by(
+            ((r.tenant, r.attempt) for r in reqs), seconds, kind
+        ).items():
+            booked = self._tenant(tenant).device_seconds
+            for stage, s in stages.items():
+                booked[stage.value] = booked.get(stage.value, 0.0) + s
 
     def metrics_text(self) -> bytes:
         """Prometheus exposition; refreshes the scheduler's gauges first."""
