@@ -9,8 +9,7 @@
     ├── WorkerLost                a worker (thread, process, actor) died holding a batch
     ├── Stalled                   a simulation that can make no progress (a policy or core bug)
     ├── InvalidTransition         a request state change the transition table forbids
-    ├── UnknownRequest (KeyError) an id the scheduler has never seen
-    └── AdmissionRejected         raised only by callers that prefer exceptions to verdicts
+    └── UnknownRequest (KeyError) an id the scheduler has never seen
 """
 
 from __future__ import annotations
@@ -49,12 +48,3 @@ class InvalidTransition(RenderqError):
 
 class UnknownRequest(RenderqError, KeyError):
     """A request id the scheduler has never seen."""
-
-
-class AdmissionRejected(RenderqError):
-    """A request refused at admission; ``reason`` is machine-readable."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from renderq.core.admission import AdmissionConfig, admit
@@ -509,10 +509,3 @@ class Scheduler:
         if new is _S.ACCEPTED or new is _S.ESCALATED:
             self._finished += 1
             self._renders_of_finished += len(rec.history)
-
-
-def submit_all(
-    scheduler: Scheduler, requests: Iterable[Request], now: float
-) -> list[tuple[Request, Admission]]:
-    """Submit many requests at one instant; returns each with its verdict."""
-    return [(r, scheduler.submit(r, now)) for r in requests]

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from renderq.core.errors import ConfigError, InvalidTransition
-from renderq.core.policies import Windows
 from renderq.core.seeds import seed_for
+from renderq.core.windows import Windows
 
 
 class Stage(enum.StrEnum):

@@ -24,7 +24,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -359,8 +359,3 @@ def _delta(before: Mapping[tuple[Any, str], float], ledger: Ledger) -> tuple[Led
         if added > 0:
             rows.append((str(stage.value if hasattr(stage, "value") else stage), dev, added))
     return tuple(rows)
-
-
-def submit_all(engine: RealtimeEngine, requests: Sequence[Request]) -> list[Admission]:
-    """Submit many requests at the engine's current time."""
-    return [engine.submit(r) for r in requests]

@@ -23,9 +23,9 @@ from typing import Any
 from renderq.backends.registry import DEFAULT_SCORER
 from renderq.core.events import Event
 from renderq.core.ledger import shares_by
-from renderq.core.policies import Windows
 from renderq.core.seeds import seed_for
 from renderq.core.types import Batch, BatchKey, Request
+from renderq.core.windows import Windows
 from renderq.jobs.runner import STORE_NAME, JobListener, resume_points
 from renderq.jobs.summary import Progress
 from renderq.output.dataset import DatasetWriter, atomic_write_text

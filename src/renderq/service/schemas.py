@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from renderq.core.errors import ConfigError
-from renderq.core.policies import Windows
+from renderq.core.windows import Windows
 
 _SIZE = r"^[1-9][0-9]{0,4}x[1-9][0-9]{0,4}$"
 
