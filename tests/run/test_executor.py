@@ -111,3 +111,40 @@ def test_device_timer_reads_the_clock_around_the_work() -> None:
     ticks = iter([10.0, 12.5])
     out, seconds = DeviceTimer("cpu", clock=lambda: next(ticks)).measure(lambda: "done")
     assert (out, seconds) == ("done", 2.5)
+
+
+def test_compiled_denoiser_renders_the_same_images_and_warms_each_shape_once(
+    tiny_model: Path, executor: DiffusersExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    # The eager backend traces and guards like inductor without a C++ build (minutes here).
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda m, **kw: real_compile(m, backend="eager", **kw))
+    compiled = DiffusersExecutor.load(str(tiny_model), name="tiny-sd", compile=True)
+    assert type(compiled.pipeline.unet).__name__ == "OptimizedModule"
+    batch = _batch(executor, 2)
+    first = compiled.run(batch)
+    warm = compiled.warmup_s
+    assert warm > 0 and len(compiled.warmed) == 1
+    again = compiled.run(_batch(executor, 2, first_seed=200, bid=2))
+    assert compiled.warmup_s == warm and len(compiled.warmed) == 1  # same shape: no warm-up
+    compiled.run(_batch(executor, 3, bid=3))
+    assert len(compiled.warmed) == 2 and compiled.warmup_s > warm  # a new batch size
+    plain = executor.run(batch)
+    for a, b in zip(first.items, plain.items, strict=True):
+        assert np.abs(a.image.astype(int) - b.image.astype(int)).max() <= 1
+    assert all(it.ok for it in again.items)
+
+
+def test_channels_last_changes_the_layout_not_the_image(
+    tiny_model: Path, executor: DiffusersExecutor
+) -> None:
+    import torch
+
+    ex = DiffusersExecutor.load(str(tiny_model), name="tiny-sd", channels_last=True)
+    conv = ex.pipeline.unet.conv_in.weight
+    assert conv.is_contiguous(memory_format=torch.channels_last)
+    batch = _batch(executor, 2)
+    for a, b in zip(ex.run(batch).items, executor.run(batch).items, strict=True):
+        assert np.abs(a.image.astype(int) - b.image.astype(int)).max() <= 1
