@@ -26,7 +26,7 @@ from renderq.core.ledger import shares_by
 from renderq.core.seeds import seed_for
 from renderq.core.types import Batch, BatchKey, Request
 from renderq.core.windows import Windows
-from renderq.jobs.runner import STORE_NAME, JobListener, resume_points
+from renderq.jobs.runner import STORE_NAME, JobListener, restore_ledger, resume_points
 from renderq.jobs.summary import Progress
 from renderq.output.dataset import DatasetWriter, atomic_write_text
 from renderq.runtime.realtime import LedgerRow, Step
@@ -120,10 +120,7 @@ class ServiceJob:
     def status(self) -> dict[str, Any]:
         """The job's counts and ledger."""
         counts = self.store.counts()
-        ledger: dict[str, float] = {}
-        for stage, _dev, secs in self.store.ledger_entries():
-            ledger[stage] = ledger.get(stage, 0.0) + secs
-        total = sum(ledger.values())
+        report = restore_ledger(self.store).report()
         accepted = counts.get("accepted", 0)
         return {
             "id": self.id,
@@ -136,11 +133,9 @@ class ServiceJob:
             "mode": str(self.meta["mode"]),
             "windows": self.meta.get("windows"),
             "ledger": {
-                "device_seconds": ledger,
-                "total_device_seconds": total,
-                "gpu_hours_per_10k_accepted": total / 3600 / accepted * 10_000
-                if accepted
-                else None,
+                "device_seconds": {s.value: v for s, v in report.seconds.items()},
+                "total_device_seconds": report.total_seconds,
+                "gpu_hours_per_10k_accepted": report.per_10k_accepted_hours(),
             },
         }
 
