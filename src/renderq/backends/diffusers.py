@@ -17,11 +17,12 @@ import importlib
 import inspect
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from renderq.backends.adapters import AdapterSet
 from renderq.backends.architectures import PromptLength, Rules, rules_for
 from renderq.backends.device import on_device
 from renderq.core.errors import ConfigError
@@ -223,6 +224,9 @@ class DiffusersExecutor:
     compile: bool = False
     #: Denoiser and VAE in channels-last memory format (faster convolutions on GPUs).
     channels_last: bool = False
+    #: LoRA adapters by name (folder or hub id), loaded once; a batch key picks one.
+    adapters: Mapping[str, str] = field(default_factory=dict)
+    lora: AdapterSet = field(init=False)
     timer: DeviceTimer = field(init=False)
     rules: Rules = field(init=False)
     #: Seconds spent compiling and warming new shapes, and the shapes warmed.
@@ -234,6 +238,8 @@ class DiffusersExecutor:
             self.device_class = self.device
         self.timer = DeviceTimer(self.device, self.clock)
         self.rules = rules_for(self.pipeline)
+        self.lora = AdapterSet(self.adapters)
+        self.lora.load(self.pipeline)
         if self.channels_last or self.compile:
             prepare_denoiser(self.pipeline, self.compile, self.channels_last)
 
@@ -247,12 +253,13 @@ class DiffusersExecutor:
         name: str | None = None,
         compile: bool = False,
         channels_last: bool = False,
+        adapters: Mapping[str, str] | None = None,
     ) -> DiffusersExecutor:
         """Load ``model`` (folder or hub id) and wrap it; ``name`` is the model's label."""
         pipe = on_device(device, lambda: load_pipeline(model, device=device, precision=precision))
         return cls(
             pipe, name or model, device=device, precision=precision, compile=compile,
-            channels_last=channels_last,
+            channels_last=channels_last, adapters=dict(adapters or {}),
         )  # fmt: skip
 
     # -- what the model can do ------------------------------------------------------------
@@ -287,6 +294,10 @@ class DiffusersExecutor:
         """Raise ConfigError where the model would ignore ``negative_prompt``."""
         self.rules.check_negative_prompt(self.model, negative_prompt)
 
+    def check_adapter(self, label: str) -> None:
+        """Raise ConfigError unless ``label`` (``NAME`` or ``NAME@SCALE``) is configured."""
+        self.lora.check(label)
+
     def prompt_length(self, prompt: str) -> PromptLength:
         """The prompt's length bucket (part of its batch key) and what truncates it."""
         return self.rules.prompt_length(prompt)
@@ -303,6 +314,7 @@ class DiffusersExecutor:
             self._warm(groups)
 
         def render_all() -> None:
+            self.lora.activate(self.pipeline, batch.key.adapter)
             for group in groups:
                 self._render(group, out, split)
 

@@ -73,6 +73,8 @@ class BatchKey:
     executor supports it; renderq's diffusers executor batches one scale, so the
     scale is part of the request's ``RenderParams`` and checked there).
     ``prompt_bucket`` is 0 for text encoders that pad to a fixed length (CLIP).
+    ``adapter`` names the LoRA adapter and its scale (``"ink@0.8"``), ``""`` for none:
+    a worker switches adapters between batches, never within one.
     """
 
     model: str
@@ -84,6 +86,7 @@ class BatchKey:
     precision: str
     device_class: str
     prompt_bucket: int = 0
+    adapter: str = ""
     _hash: int = field(init=False, repr=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
@@ -94,7 +97,8 @@ class BatchKey:
         # Keys are hashed on every queue lookup; hashing nine fields each time is the
         # scheduler's largest single cost, so the hash is computed once.
         fields = (self.model, self.width, self.height, self.steps, self.guidance,
-                  self.sampler, self.precision, self.device_class, self.prompt_bucket)  # fmt: skip
+                  self.sampler, self.precision, self.device_class, self.prompt_bucket,
+                  self.adapter)  # fmt: skip
         object.__setattr__(self, "_hash", hash(fields))
 
     def __hash__(self) -> int:
@@ -106,6 +110,7 @@ class BatchKey:
         return (
             f"{self.model}|{self.width}x{self.height}|{self.steps}st|{g}|{self.sampler}|"
             f"{self.precision}|{self.device_class}|b{self.prompt_bucket}"
+            + (f"|lora:{self.adapter}" if self.adapter else "")
         )
 
 

@@ -343,3 +343,29 @@ def build_tiny_flux(folder: Path, *, seed: int = 0) -> Path:
     )
     pipe.save_pretrained(str(folder))
     return folder
+
+
+def build_tiny_lora(folder: Path, pipeline: Path, *, seed: int = 0, rank: int = 4) -> Path:
+    """A seeded random LoRA adapter for the UNet of the tiny pipeline at ``pipeline``.
+
+    Saved with ``save_lora_weights``, so it loads through ``load_lora_weights`` like any
+    published adapter (peft must be installed).
+    """
+    import torch
+    from diffusers import StableDiffusionPipeline, UNet2DConditionModel
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+
+    unet = UNet2DConditionModel.from_pretrained(pipeline / "unet")
+    torch.manual_seed(seed)
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=rank,
+        target_modules=["to_q", "to_k", "to_v", "to_out.0"],
+        init_lora_weights=False,  # random, so the adapter changes the image
+    )
+    unet.add_adapter(config)
+    StableDiffusionPipeline.save_lora_weights(
+        folder, unet_lora_layers=get_peft_model_state_dict(unet)
+    )
+    return folder
