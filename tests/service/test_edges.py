@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ pytest.importorskip("fastapi")
 import uvicorn
 
 from renderq.core.errors import ConfigError
+from renderq.core.settings import INTERACTIVE, ModelSpec
 from renderq.service.app import create_app
 from renderq.service.config import ServiceConfig, load_config
 from renderq.service.render import RenderService
@@ -53,8 +55,8 @@ class Live:
 @pytest.fixture()
 def live(tmp_path: Path) -> Iterator[Live]:
     cfg = ServiceConfig(
-        model="null", data_dir=tmp_path, max_batch_size=4, tokens=TOKENS,
-        admin_tenants=("ops",), tenant_max_queued=4, max_body_bytes=4096,
+        spec=ModelSpec("null"), data_dir=tmp_path, batching=replace(INTERACTIVE, max_batch_size=4),
+        tokens=TOKENS, admin_tenants=("ops",), tenant_max_queued=4, max_body_bytes=4096,
     )  # fmt: skip
     srv = Live(cfg)
     yield srv
@@ -135,7 +137,7 @@ def test_stats_show_a_tenant_only_its_own_numbers_and_an_admin_all(live: Live) -
 
 def test_an_admin_tenant_without_a_token_is_refused() -> None:
     with pytest.raises(ConfigError, match="admin_tenants 'ops' have no token"):
-        ServiceConfig(model="null", tokens={"t": "team-a"}, admin_tenants=("ops",))
+        ServiceConfig(spec=ModelSpec("null"), tokens={"t": "team-a"}, admin_tenants=("ops",))
 
 
 def test_a_profile_setting_is_refused_as_the_service_does_not_read_one(tmp_path: Path) -> None:
@@ -155,7 +157,7 @@ def test_readyz_says_draining_once_a_drain_began(live: Live) -> None:
 
 
 def test_port_0_prints_the_port_bound(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    srv = Live(ServiceConfig(model="null", data_dir=tmp_path))
+    srv = Live(ServiceConfig(spec=ModelSpec("null"), data_dir=tmp_path))
     try:
         port = int(srv.url.rsplit(":", 1)[1])
         assert port != 0

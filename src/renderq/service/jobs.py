@@ -20,10 +20,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from renderq.backends.registry import DEFAULT_MODEL, DEFAULT_SCORER
 from renderq.core.events import Event
 from renderq.core.policies import Windows
 from renderq.core.seeds import seed_for
+from renderq.core.settings import DEFAULT_MODEL, DEFAULT_SCORER, Batching, ModelSpec, QASettings
 from renderq.core.types import Batch, BatchKey, Request
 from renderq.jobs.runner import STORE_NAME, JobListener, RunSettings, resume_points
 from renderq.jobs.summary import Progress
@@ -55,11 +55,13 @@ class ServiceJob:
         settings = RunSettings(
             prompts=folder / "prompts.txt",
             out=folder,
-            mode="dynamic",
-            model=str(config.get("model", DEFAULT_MODEL)),
-            scorer=str(config.get("scorer", DEFAULT_SCORER)),
-            max_attempts=max_attempts,
-            guidance=float(meta["guidance"]),
+            spec=ModelSpec(
+                str(config.get("model", DEFAULT_MODEL)),
+                str(config.get("scorer", DEFAULT_SCORER)),
+                guidance=float(meta["guidance"]),
+            ),
+            batching=Batching("dynamic"),
+            qa=QASettings(max_attempts=max_attempts),
         )
         self.listener = JobListener(
             self.store,
