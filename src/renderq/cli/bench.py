@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 import typer
 
-from renderq.backends.registry import DEFAULT_MODEL, DEFAULT_SCORER
 from renderq.bench.harness import (
     REFERENCE_EVERY,
     Limit,
@@ -22,6 +21,17 @@ from renderq.bench.report import fidelity_table, markdown, plots
 from renderq.bench.stability import STABILITY_BOUND
 from renderq.cli.simulate import make_policy, parse_modes
 from renderq.core.errors import ConfigError
+from renderq.core.settings import (
+    DEFAULT_DEVICE,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_QUEUE_DELAY_S,
+    DEFAULT_MODEL,
+    DEFAULT_PRECISION,
+    DEFAULT_SCORER,
+    Batching,
+    ModelSpec,
+    QASettings,
+)
 from renderq.profiles import load_profile
 
 
@@ -66,7 +76,9 @@ def bench_command(
     qa: Annotated[bool, typer.Option("--qa/--no-qa", help="Score and regenerate.")] = True,
     failure_rates: Annotated[str, typer.Option(help="Simulated QA failure sweep.")] = "0.08",
     max_batch_size: Annotated[int | None, typer.Option(help="Cap below the profile's.")] = None,
-    max_queue_delay: Annotated[float, typer.Option(help="Dynamic mode delay cap, s.")] = 0.5,
+    max_queue_delay: Annotated[
+        float, typer.Option(help="Dynamic mode delay cap, s.")
+    ] = DEFAULT_MAX_QUEUE_DELAY_S,
     windows: Annotated[str, typer.Option(help="Window mode windows.")] = "always",
     workers: Annotated[
         int, typer.Option(help="Sim: render workers (the real bench drives one).")
@@ -75,11 +87,13 @@ def bench_command(
     executor: Annotated[str, typer.Option(help="sim (cost model) or real (a pipeline).")] = "sim",
     model: Annotated[str, typer.Option(help="Real: diffusers pipeline.")] = DEFAULT_MODEL,
     scorer: Annotated[str, typer.Option(help="Real: CLIP scorer.")] = DEFAULT_SCORER,
-    device: Annotated[str, typer.Option(help="Real: cpu or cuda[:N].")] = "cpu",
-    precision: Annotated[str, typer.Option(help="Real: fp32, fp16 or bf16.")] = "fp32",
+    device: Annotated[str, typer.Option(help="Real: cpu or cuda[:N].")] = DEFAULT_DEVICE,
+    precision: Annotated[str, typer.Option(help="Real: fp32, fp16 or bf16.")] = DEFAULT_PRECISION,
     steps: Annotated[int | None, typer.Option(help="Real: denoising steps.")] = None,
     threshold: Annotated[float | None, typer.Option(help="Real: QA threshold.")] = None,
-    max_attempts: Annotated[int, typer.Option(help="Attempts per prompt in all.")] = 3,
+    max_attempts: Annotated[
+        int, typer.Option(help="Attempts per prompt in all.")
+    ] = DEFAULT_MAX_ATTEMPTS,
     compare_sim: Annotated[
         bool, typer.Option("--compare-sim", help="Real: replay each run in the simulator.")
     ] = False,
@@ -120,22 +134,13 @@ def bench_command(
             raise ConfigError(f"--reference-every must be >= 0, got {reference_every}")
         _check_real_options(executor, repeat, workers, stability_bound)
         bench = None
+        gate = QASettings(threshold, max_attempts, enabled=qa)
         if executor == "real":
             from renderq.bench.realrun import RealSettings, load_bench
 
             given = None if profile == "article-sdxl-a100" else load_profile(profile)
-            settings = RealSettings(
-                model,
-                scorer,
-                device,
-                precision,
-                steps,
-                None,
-                threshold,
-                max_attempts,
-                max_batch_size or 16,
-                qa,
-            )
+            spec = ModelSpec(model, scorer, device, precision, steps)
+            settings = RealSettings(spec, Batching(max_batch_size=max_batch_size), gate)
             bench, prof = load_bench(settings, given)
         else:
             prof = load_profile(profile)
@@ -161,9 +166,7 @@ def bench_command(
                 repeat=repeat, workers=workers, stability_bound=stability_bound,
             )  # fmt: skip
         else:
-            backend = sim_backend(
-                prof, qa=qa, workers=workers, seed=seed, max_attempts=max_attempts
-            )
+            backend = sim_backend(prof, qa=gate, workers=workers, seed=seed)
             runs = run_bench(backend, policies, scen, limit, _rates(failure_rates), workers)
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None

@@ -12,8 +12,13 @@ from rich.table import Table
 
 from renderq.core.errors import ConfigError
 from renderq.core.policies import Policy, Windows, parse_sizes
-from renderq.core.qa import DEFAULT_MAX_ATTEMPTS
-from renderq.core.settings import MODES, Batching
+from renderq.core.settings import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_QUEUE_DELAY_S,
+    MODES,
+    Batching,
+    QASettings,
+)
 from renderq.core.settings import make_policy as core_make_policy
 from renderq.profiles import load_profile
 from renderq.runtime.arrivals import arrivals
@@ -95,7 +100,9 @@ def simulate_command(
         int, typer.Option(help="Attempts per prompt, first included.")
     ] = DEFAULT_MAX_ATTEMPTS,
     max_batch_size: Annotated[int | None, typer.Option(help="Cap below the profile's.")] = None,
-    max_queue_delay: Annotated[float, typer.Option(help="Dynamic mode delay cap, s.")] = 0.5,
+    max_queue_delay: Annotated[
+        float, typer.Option(help="Dynamic mode delay cap, s.")
+    ] = DEFAULT_MAX_QUEUE_DELAY_S,
     preferred_sizes: Annotated[str, typer.Option(help="Dynamic mode, e.g. 16,32,64.")] = "",
     windows: Annotated[
         str, typer.Option(help="Window mode: always | every=P,length=L | S-E,...")
@@ -125,8 +132,8 @@ def simulate_command(
         arr = tuple(arrivals(arrival, renders, random.Random(seed)))
         cfg = SimConfig(
             prof, arr, failure_rate=failure_rate, hard_share=hard_share,
-            max_attempts=max_attempts, render_workers=workers, seed=seed, jitter=jitter,
-            deadline_s=deadline_s, price_per_hour=price_per_hour,
+            qa=QASettings(max_attempts=max_attempts), render_workers=workers, seed=seed,
+            jitter=jitter, deadline_s=deadline_s, price_per_hour=price_per_hour,
         )  # fmt: skip
         results = {m: simulate(p, cfg) for m, p in policies.items()}
     except ConfigError as exc:
