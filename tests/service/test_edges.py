@@ -17,7 +17,7 @@ pytest.importorskip("fastapi")
 import uvicorn
 
 from renderq.core.errors import ConfigError
-from renderq.core.settings import INTERACTIVE, ModelSpec
+from renderq.core.settings import INTERACTIVE, ModelSpec, QASettings
 from renderq.service.app import create_app
 from renderq.service.config import ServiceConfig, load_config
 from renderq.service.render import RenderService
@@ -145,6 +145,28 @@ def test_a_profile_setting_is_refused_as_the_service_does_not_read_one(tmp_path:
     cfg.write_text('model = "null"\nprofile = "profile.json"\n')
     with pytest.raises(ConfigError, match="does not read a profile"):
         load_config(cfg, env={})
+
+
+def test_the_config_file_fills_the_shared_settings_and_names_a_bad_value(tmp_path: Path) -> None:
+    cfg = tmp_path / "renderq.toml"
+    cfg.write_text(
+        'threshold = 0.3\n[model]\nmodel = "null"\nprecision = "bf16"\nguidance = 4.0\n'
+        "[batching]\nmax_batch_size = 4\nscore_batch_size = 16\nmax_attempts = 2\n"
+    )
+    got = load_config(cfg, env={}, max_queue_delay_s=0.2)
+    assert got.spec == ModelSpec("null", precision="bf16", guidance=4.0)
+    assert got.batching == replace(INTERACTIVE, max_batch_size=4, score_batch_size=16,
+                                   max_queue_delay_s=0.2)  # fmt: skip
+    assert got.qa == QASettings(0.3, max_attempts=2)
+    assert got.render_cap == 4
+    cfg.write_text('model = "null"\nmode = "window"\n')  # the service batches dynamically
+    with pytest.raises(ConfigError, match=r"unknown config setting.*'mode'"):
+        load_config(cfg, env={})
+    cfg.write_text('model = "null"\nmax_attempts = 0\n')
+    with pytest.raises(ConfigError, match="max-attempts must be >= 1, got 0"):
+        load_config(cfg, env={})
+    with pytest.raises(ConfigError, match="batches dynamically"):
+        ServiceConfig(batching=replace(INTERACTIVE, mode="window"))
 
 
 def test_readyz_says_draining_once_a_drain_began(live: Live) -> None:
