@@ -121,9 +121,9 @@ def test_the_threshold_rule_is_given_then_calibrated_then_the_fallback(
 
 
 def test_unset_steps_and_guidance_are_the_pipelines_own_and_set_ones_stay() -> None:
-    assert ModelSpec().with_defaults(30, 5.0) == ModelSpec(steps=30, guidance=5.0)
-    own = ModelSpec(steps=4, guidance=0.0)
-    assert own.with_defaults(30, 5.0) == own  # guidance 0.0 is a setting, not "unset"
+    assert ModelSpec().resolve(30, 5.0) == (30, 5.0)
+    assert ModelSpec(steps=4).resolve(30, 5.0) == (4, 5.0)
+    assert ModelSpec(steps=4, guidance=0.0).resolve(30, 5.0) == (4, 0.0)  # 0.0 is set
 
 
 def _default(command: Callable[..., object], name: str) -> object:

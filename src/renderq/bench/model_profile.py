@@ -79,9 +79,8 @@ def profile_loaded(
     """Measure render and score latency per batch size of loaded models."""
     width, height = s.resolution or executor.default_size()
     executor.check_size(width, height)
-    spec = s.spec.with_defaults(*model_defaults(s.spec.model))
-    steps, guidance = spec.steps, spec.guidance
-    assert steps is not None and guidance is not None  # with_defaults sets them
+    spec = s.spec
+    steps, guidance = spec.resolve(*model_defaults(spec.model))
     key = key_for(
         spec.model, width, height, steps, guidance, executor.sampler, spec.precision, spec.device
     )

@@ -60,9 +60,8 @@ def load_bench(s: RealSettings, profile: Profile | None) -> tuple[RealBench, Pro
     from renderq.backends.clip import ClipScorer
     from renderq.backends.diffusers import DiffusersExecutor
 
-    spec = s.spec.with_defaults(*model_defaults(s.spec.model))
-    steps, guidance = spec.steps, spec.guidance
-    assert steps is not None and guidance is not None  # with_defaults sets them
+    spec = s.spec
+    steps, guidance = spec.resolve(*model_defaults(spec.model))
     qa = s.qa.with_threshold(scorer_default_threshold(spec.scorer))
     ex = DiffusersExecutor.load(
         resolve(spec.model), device=spec.device, precision=spec.precision, name=spec.model
@@ -78,6 +77,21 @@ def load_bench(s: RealSettings, profile: Profile | None) -> tuple[RealBench, Pro
     )  # fmt: skip
     prompts = shipped_prompts()
     return RealBench(ex, sc, key, prompts, qa, guidance, s.batching.score_batch_size), profile
+
+
+def check_real_options(repeat: int, workers: int, reference_every: int, bound: float) -> None:
+    """Refuse, by value, what the real bench cannot take (before any model loads)."""
+    if reference_every < 0:
+        raise ConfigError(f"--reference-every must be >= 0, got {reference_every}")
+    if repeat < 1:
+        raise ConfigError(f"--repeat must be >= 1, got {repeat}")
+    if not bound > 0:
+        raise ConfigError(f"--stability-bound must be > 0, got {bound}")
+    if workers != 1:
+        raise ConfigError(
+            f"--workers {workers} is for the simulator: the real bench drives one render "
+            "worker (one loaded pipeline); give --workers 1 or --executor sim"
+        )
 
 
 def run_real(
@@ -103,15 +117,7 @@ def run_real(
     against ``stability_bound``; an unstable run's p99 bound is not judged. Round ``r``
     starts at the ``r``-th mode, so no mode always runs first (on a cold machine) or last.
     """
-    if reference_every < 0:
-        raise ConfigError(f"--reference-every must be >= 0, got {reference_every}")
-    if repeat < 1:
-        raise ConfigError(f"--repeat must be >= 1, got {repeat}")
-    if workers != 1:
-        raise ConfigError(
-            f"--workers {workers} is for the simulator: the real bench drives one render "
-            "worker (one loaded pipeline); give --workers 1 or --executor sim"
-        )
+    check_real_options(repeat, workers, reference_every, stability_bound)
     runs: list[ModeRun] = []
     fidelity: list[dict[str, Any]] = []
     for r in range(repeat):

@@ -11,30 +11,17 @@ import typer
 from renderq.backends.calibrate import CALIBRATION_FILE, lookup, scale_name
 from renderq.cli.progress import ProgressLines, progress_for
 from renderq.core.errors import RenderqError
-from renderq.core.settings import (
-    DEFAULT_DEVICE,
-    DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_MAX_BATCH_SIZE,
-    DEFAULT_MAX_QUEUE_DELAY_S,
-    DEFAULT_MODE,
-    DEFAULT_MODEL,
-    DEFAULT_PRECISION,
-    DEFAULT_SCORER,
-    Batching,
-    ModelSpec,
-    QASettings,
-)
+from renderq.core.settings import Batching, ModelSpec, QASettings
 from renderq.jobs.summary import RunSummary
+
+_SPEC, _BATCHING, _QA = ModelSpec(), Batching(), QASettings()  # the shared defaults
 
 
 def qa_settings(
     threshold: float | None, max_attempts: int, calibration: Path, scorer: str, scale100: bool
 ) -> QASettings:
-    """The gate: the threshold given, else the one calibrated for this scorer and scale.
-
-    Left unset, ``run_job`` takes the scorer's shipped one, else the fallback (the rule of
-    :meth:`QASettings.with_threshold`).
-    """
+    """The gate: the threshold given, else the one calibrated for the scorer (else unset:
+    ``run_job`` takes the scorer's own, else the fallback)."""
     if threshold is None:
         threshold = lookup(calibration, scorer, scale_name(scale100))
     return QASettings(threshold, max_attempts)
@@ -43,31 +30,31 @@ def qa_settings(
 def run(
     prompts: Path = typer.Argument(..., help="Text file (one prompt a line) or JSONL file."),
     out: Path = typer.Option(..., "--out", help="Output folder (re-run to resume)."),
-    mode: str = typer.Option(DEFAULT_MODE, help="Batching: adhoc, dynamic or window."),
-    model: str = typer.Option(DEFAULT_MODEL, help="Pipeline: folder, hub id, embedded:*."),
-    scorer: str = typer.Option(DEFAULT_SCORER, help="CLIP model: folder, hub id, embedded:*."),
+    mode: str = typer.Option(_BATCHING.mode, help="Batching: adhoc, dynamic or window."),
+    model: str = typer.Option(_SPEC.model, help="Pipeline: folder, hub id, embedded:*."),
+    scorer: str = typer.Option(_SPEC.scorer, help="CLIP model: folder, hub id, embedded:*."),
     threshold: float = typer.Option(
         None, help="Accept scores >= this (default: calibrated, else the scorer's, else 0.25)."
     ),
     calibration: Path = typer.Option(Path(CALIBRATION_FILE), help="Calibration file to read."),
     max_attempts: int = typer.Option(
-        DEFAULT_MAX_ATTEMPTS, help="Renders per prompt in all, first one included."
+        _QA.max_attempts, help="Renders per prompt in all, first one included."
     ),
-    max_batch_size: int = typer.Option(DEFAULT_MAX_BATCH_SIZE, help="Largest render batch."),
+    max_batch_size: int = typer.Option(_BATCHING.max_batch_size, help="Largest render batch."),
     steps: int = typer.Option(
         None, help="Denoising steps (default: the pipeline's, else 20; JSONL may set)."
     ),
     guidance: float = typer.Option(
         None, help="Guidance scale (default: the pipeline's own, else 7.5)."
     ),
-    device: str = typer.Option(DEFAULT_DEVICE, help="cpu or cuda[:N]."),
-    precision: str = typer.Option(DEFAULT_PRECISION, help="fp32, fp16 or bf16."),
+    device: str = typer.Option(_SPEC.device, help="cpu or cuda[:N]."),
+    precision: str = typer.Option(_SPEC.precision, help="fp32, fp16 or bf16."),
     seed: int = typer.Option(0, help="Base seed; prompt i gets seed + i unless its line sets one."),
     clipscore_scale: bool = typer.Option(
         False, "--clipscore-scale", metavar="", help="Score as 100*max(cos, 0) instead of cosine."
     ),
     max_queue_delay: float = typer.Option(
-        DEFAULT_MAX_QUEUE_DELAY_S, help="Dynamic mode: longest wait for a batch, s."
+        _BATCHING.max_queue_delay_s, help="Dynamic mode: longest wait for a batch, s."
     ),
     threads: int = typer.Option(
         0, help="CPU threads for torch (0: the cores that other work is not using at start)."

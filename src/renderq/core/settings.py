@@ -1,15 +1,12 @@
 """The settings every shell shares, with one set of defaults, and the rules built from them.
 
-``renderq run``, ``simulate``, ``bench``, ``profile`` and ``serve`` read the same knobs
-under the same names. Three frozen values hold them, each validated once with an error
-that names the flag and the bad value: :class:`ModelSpec` (what renders and scores, and
-where), :class:`Batching` (how batches are cut) and :class:`QASettings` (the gate). The
-shells compose these instead of declaring the fields again, so a default is written here
-and nowhere else. Unset steps, guidance and threshold mean "the model's own": a shell
-fills them from the loaded pipeline and scorer (:meth:`ModelSpec.with_defaults`,
-:meth:`QASettings.policy`). This module also turns settings into the core's objects:
-:func:`make_policy` (mode name to batching policy), :func:`key_for` (the batch key of a
-request, with the classifier-free guidance rule written once) and :func:`request_seeds`.
+Every command and the service compose three frozen values, each validated once with an
+error that names the flag and the bad value: :class:`ModelSpec` (what renders and scores,
+where), :class:`Batching` (how batches are cut), :class:`QASettings` (the gate). Unset
+steps, guidance and threshold are the model's own, filled by the shell from the loaded
+pipeline and scorer. :func:`make_policy` (mode name to policy), :func:`key_for` (the batch
+key, with the classifier-free guidance rule written once) and :func:`request_seeds` turn
+settings into the core's objects.
 """
 
 from __future__ import annotations
@@ -25,34 +22,8 @@ from renderq.core.qa import DEFAULT_MAX_ATTEMPTS, QAPolicy
 from renderq.core.seeds import MAX_SEED
 from renderq.core.types import BatchKey
 
-__all__ = [
-    "DEFAULT_DEVICE",
-    "DEFAULT_MAX_ATTEMPTS",
-    "DEFAULT_MAX_BATCH_SIZE",
-    "DEFAULT_MAX_QUEUE_DELAY_S",
-    "DEFAULT_MODE",
-    "DEFAULT_MODEL",
-    "DEFAULT_PRECISION",
-    "DEFAULT_SCORER",
-    "DEFAULT_SCORE_BATCH_SIZE",
-    "FALLBACK_THRESHOLD",
-    "INTERACTIVE",
-    "MODES",
-    "PRECISIONS",
-    "Batching",
-    "ModelSpec",
-    "QASettings",
-    "key_for",
-    "make_policy",
-    "request_seeds",
-    "uses_cfg",
-]
-
 MODES: tuple[str, ...] = ("adhoc", "dynamic", "window")
 """Batching modes by name: one request at a time, Triton-style dynamic, offline windows."""
-
-DEFAULT_MODE = "window"
-"""A bulk job's mode: it has every prompt up front, so it waits for full batches."""
 
 DEFAULT_MAX_BATCH_SIZE = 16
 DEFAULT_SCORE_BATCH_SIZE = 32
@@ -63,8 +34,6 @@ DEFAULT_MODEL = "embedded:mini-sd"
 DEFAULT_SCORER = "embedded:clip"
 """The CLIP scorer every command uses unless told otherwise."""
 
-DEFAULT_DEVICE = "cpu"
-DEFAULT_PRECISION = "fp32"
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
 
 FALLBACK_THRESHOLD = 0.25
@@ -73,29 +42,25 @@ FALLBACK_THRESHOLD = 0.25
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
     """What renders and scores, on which device and precision, and how.
 
     ``model`` and ``scorer`` are a folder, a hub id or ``embedded:*``. ``steps`` and
-    ``guidance`` of None are the pipeline's own (see :meth:`with_defaults`).
+    ``guidance`` of None are the pipeline's own (see :meth:`resolve`).
     """
 
     model: str = DEFAULT_MODEL
     scorer: str = DEFAULT_SCORER
-    device: str = DEFAULT_DEVICE
-    precision: str = DEFAULT_PRECISION
+    device: str = "cpu"
+    precision: str = "fp32"
     steps: int | None = None
     guidance: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("model", "scorer"):
             if not getattr(self, name):
-                raise ConfigError(f"{_flag(name)} must name a model, got {getattr(self, name)!r}")
+                raise ConfigError(f"--{name} must name a model, got {getattr(self, name)!r}")
         if not _DEVICE.fullmatch(self.device):
             raise ConfigError(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.precision not in PRECISIONS:
@@ -107,12 +72,11 @@ class ModelSpec:
         if self.guidance is not None and not (math.isfinite(self.guidance) and self.guidance >= 0):
             raise ConfigError(f"--guidance must be a number >= 0, got {self.guidance}")
 
-    def with_defaults(self, steps: int, guidance: float) -> ModelSpec:
-        """This spec with unset steps and guidance taken from the pipeline's own."""
-        return replace(
-            self,
-            steps=steps if self.steps is None else self.steps,
-            guidance=guidance if self.guidance is None else self.guidance,
+    def resolve(self, steps: int, guidance: float) -> tuple[int, float]:
+        """The steps and guidance to render at: these, else the pipeline's own given."""
+        return (
+            steps if self.steps is None else self.steps,
+            guidance if self.guidance is None else self.guidance,
         )
 
 
@@ -135,11 +99,7 @@ class QASettings:
             raise ConfigError(f"--threshold must be a finite number, got {self.threshold}")
 
     def with_threshold(self, calibrated: float | None) -> QASettings:
-        """These settings with an unset threshold filled by the one rule.
-
-        The threshold given, else ``calibrated`` (the scorer's calibrated or shipped
-        threshold, which the shell looks up), else :data:`FALLBACK_THRESHOLD`.
-        """
+        """Threshold given, else ``calibrated`` (the scorer's own), else the fallback."""
         if self.threshold is not None:
             return self
         return replace(self, threshold=FALLBACK_THRESHOLD if calibrated is None else calibrated)
@@ -161,7 +121,7 @@ class Batching:
     ``preferred`` are batch sizes the dynamic mode cuts at without waiting.
     """
 
-    mode: str = DEFAULT_MODE
+    mode: str = "window"  # a bulk job has every prompt up front: it waits for full batches
     max_batch_size: int | None = DEFAULT_MAX_BATCH_SIZE
     max_queue_delay_s: float = DEFAULT_MAX_QUEUE_DELAY_S
     score_batch_size: int = DEFAULT_SCORE_BATCH_SIZE
@@ -173,7 +133,7 @@ class Batching:
         for name in ("max_batch_size", "score_batch_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ConfigError(f"{_flag(name)} must be >= 1, got {value}")
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
         if not self.max_queue_delay_s >= 0:
             raise ConfigError(f"--max-queue-delay must be >= 0, got {self.max_queue_delay_s}")
 

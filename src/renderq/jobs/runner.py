@@ -37,7 +37,6 @@ from renderq.backends.registry import (
 from renderq.core.errors import ConfigError, StorageError
 from renderq.core.events import Accepted, Escalated, Regenerating
 from renderq.core.ledger import Ledger
-from renderq.core.policies import Policy
 from renderq.core.protocols import Scorer
 from renderq.core.scheduler import Scheduler
 from renderq.core.seeds import MAX_SEED, seed_for
@@ -82,7 +81,8 @@ class RunSettings:
 
     def resolved(self) -> RunSettings:
         """These settings with the pipeline's steps and guidance and the scorer's threshold."""
-        spec = self.spec.with_defaults(*model_defaults(self.spec.model))
+        steps, guidance = self.spec.resolve(*model_defaults(self.spec.model))
+        spec = replace(self.spec, steps=steps, guidance=guidance)
         shipped = scorer_default_threshold(self.spec.scorer, self.scale100)
         return replace(self, spec=spec, qa=self.qa.with_threshold(shipped))
 
@@ -389,7 +389,7 @@ def run_job(
     """
     specs = read_prompts(settings.prompts)
     settings = settings.resolved()
-    policy = make_policy(settings.batching)
+    spec = settings.spec
     with storage_errors(settings.out):
         if settings.out.exists() and not settings.out.is_dir():
             raise NotADirectoryError(20, "it exists and is not a folder", str(settings.out))
@@ -404,12 +404,13 @@ def run_job(
             stored = store.job_config()
             if stored is not None:
                 check_config(stored, wanted, settings.out)
-            executor = executor or _load_executor(settings)
+            executor = executor or DiffusersExecutor.load(
+                resolve(spec.model), device=spec.device, precision=spec.precision, name=spec.model
+            )
             rows = build_prompt_rows(specs, settings, executor)
             if warn is not None:
                 for notice in input_notices(settings, specs, rows):
                     warn(notice)
-            spec = settings.spec
             scorer = scorer or ClipScorer.load(
                 resolve(spec.scorer), device=spec.device, scale100=settings.scale100,
                 name=spec.scorer,
@@ -417,23 +418,15 @@ def run_job(
             if stored is None:
                 with storage_errors(settings.out):
                     store.create_job(wanted, rows)
-            return _drive(settings, policy, store, executor, scorer, on_progress)
+            return _drive(settings, store, executor, scorer, on_progress)
         finally:
             store.close()
     finally:
         lock.release()
 
 
-def _load_executor(settings: RunSettings) -> DiffusersExecutor:
-    spec = settings.spec
-    return DiffusersExecutor.load(
-        resolve(spec.model), device=spec.device, precision=spec.precision, name=spec.model
-    )
-
-
 def _drive(
     settings: RunSettings,
-    policy: Policy,
     store: JobStore,
     executor: DiffusersExecutor,
     scorer: Scorer,
@@ -444,7 +437,7 @@ def _drive(
         writer = DatasetWriter(settings.out)
         run, todo = _begin_run(settings, store, writer)
     sched = Scheduler(
-        policy,
+        make_policy(settings.batching),
         qa=settings.qa.policy(),
         ledger=restore_ledger(store),
     )

@@ -10,7 +10,7 @@ A config file looks like::
     model = "embedded:mini-sd"
     scorer = "embedded:clip"
     device = "cpu"
-    steps = 20
+    steps = 20           # unset: the pipeline's own
     threads = 0          # torch CPU threads; 0: the cores other work leaves free
 
     [batching]
@@ -25,6 +25,10 @@ A config file looks like::
 
     [limits]
     max_body_bytes = 8388608
+
+The model, batching and QA keys (also ``precision``, ``guidance``, ``threshold``,
+``max_attempts``, ``score_batch_size``) fill the settings every command shares
+(``renderq.core.settings``), checked there; the batching defaults are the interactive ones.
 
 ``RENDERQ_API_TOKENS`` adds tokens, comma-separated, each ``token`` or ``tenant:token``.
 A token of a tenant named in ``admin_tenants`` is an admin token: ``/v1/stats`` shows it
@@ -193,13 +197,11 @@ def load_config(
         if not isinstance(admins, list) or not all(isinstance(a, str) for a in admins):
             raise ConfigError(f"admin_tenants must be a list of tenant names, got {admins!r}")
         data["admin_tenants"] = tuple(admins)
-
-    def take(names: tuple[str, ...]) -> dict[str, Any]:
-        return {k: data.pop(k) for k in names if k in data}
-
+    shared = [{k: data.pop(k) for k in keys if k in data} for keys in (_SPEC, _BATCHING, _QA)]
     try:
-        spec, qa = ModelSpec(**take(_SPEC)), QASettings(**take(_QA))
-        batching = replace(INTERACTIVE, **take(_BATCHING))
-        return ServiceConfig(spec=spec, batching=batching, qa=qa, tokens=tokens, **data)
+        return ServiceConfig(
+            spec=ModelSpec(**shared[0]), batching=replace(INTERACTIVE, **shared[1]),
+            qa=QASettings(**shared[2]), tokens=tokens, **data,
+        )  # fmt: skip
     except TypeError as exc:
         raise ConfigError(f"bad config: {exc}") from None

@@ -729,10 +729,9 @@ def load_models(config: ServiceConfig) -> tuple[Executor, Scorer, Defaults]:
     )
     scorer = ClipScorer.load(resolve(spec.scorer), device=spec.device, name=spec.scorer)
     width, height = executor.default_size()
-    spec = spec.with_defaults(*model_defaults(spec.model))
-    assert spec.steps is not None and spec.guidance is not None  # with_defaults sets them
+    steps, guidance = spec.resolve(*model_defaults(spec.model))
     threshold = config.qa.policy(scorer_default_threshold(spec.scorer)).threshold
-    defaults = Defaults(width, height, spec.steps, spec.guidance, threshold, executor.sampler)
+    defaults = Defaults(width, height, steps, guidance, threshold, executor.sampler)
     return executor, scorer, defaults
 
 
