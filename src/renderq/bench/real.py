@@ -107,9 +107,8 @@ class _Recorder:
 class RealBench:
     """Runs scenarios on a loaded executor and scorer.
 
-    ``qa`` is the gate (unset threshold: the fallback; with ``enabled=False`` nothing is
-    scored); ``guidance`` the scale
-    every request renders at (``key`` carries whether it turns guidance on).
+    ``qa`` is the gate (unset threshold: the fallback; ``enabled=False``: nothing is
+    scored); ``guidance`` the scale every request renders at (``key`` says if it is on).
     """
 
     executor: Executor

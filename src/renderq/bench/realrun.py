@@ -24,13 +24,7 @@ from renderq.bench.stability import STABILITY_BOUND, Stability, round_order
 from renderq.core.cost import Profile
 from renderq.core.errors import ConfigError
 from renderq.core.policies import Policy
-from renderq.core.settings import (
-    DEFAULT_MAX_BATCH_SIZE,
-    Batching,
-    ModelSpec,
-    QASettings,
-    key_for,
-)
+from renderq.core.settings import DEFAULT_MAX_BATCH_SIZE, Batching, ModelSpec, QASettings, key_for
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,8 +20,7 @@ _SPEC, _BATCHING, _QA = ModelSpec(), Batching(), QASettings()  # the shared defa
 def qa_settings(
     threshold: float | None, max_attempts: int, calibration: Path, scorer: str, scale100: bool
 ) -> QASettings:
-    """The gate: the threshold given, else the one calibrated for the scorer (else unset:
-    ``run_job`` takes the scorer's own, else the fallback)."""
+    """The gate: the threshold given, else the one calibrated for the scorer, else unset."""
     if threshold is None:
         threshold = lookup(calibration, scorer, scale_name(scale100))
     return QASettings(threshold, max_attempts)

@@ -331,12 +331,12 @@ def input_notices(
     return notices
 
 
-def _request(row: StoredRequest, attempt: int, model: ModelSpec, executor: Any) -> Request:
-    spec = row.prompt.spec
-    assert model.guidance is not None, "run_job resolves the settings first"
+def _request(row: StoredRequest, attempt: int, model_spec: ModelSpec, executor: Any) -> Request:
+    spec, guidance = row.prompt.spec, model_spec.guidance
+    assert guidance is not None, "run_job resolves the settings first"
     key = key_for(
-        model.model, spec["width"], spec["height"], spec["steps"], model.guidance,
-        executor.sampler, model.precision, executor.device_class,
+        model_spec.model, spec["width"], spec["height"], spec["steps"], guidance,
+        executor.sampler, model_spec.precision, executor.device_class,
         int(spec.get("prompt_bucket", 0)),
     )  # fmt: skip
     return Request(
@@ -345,7 +345,7 @@ def _request(row: StoredRequest, attempt: int, model: ModelSpec, executor: Any) 
         key=key,
         base_seed=row.prompt.base_seed,
         attempt=attempt,
-        guidance_scale=model.guidance,
+        guidance_scale=guidance,
         negative_prompt=spec["negative_prompt"],
     )
 

@@ -425,11 +425,8 @@ class RenderService:
         self._call(resume).result(timeout=300)
 
     def _job_config(self, guidance: float) -> dict[str, Any]:
-        return {
-            "model": self.config.spec.model,
-            "scorer": self.config.spec.scorer,
-            "guidance": guidance,
-        }
+        spec = self.config.spec
+        return {"model": spec.model, "scorer": spec.scorer, "guidance": guidance}
 
     def _cancel_queued_bulk(self, now: float) -> int:
         """Drop queued and waiting bulk prompts (they stay pending in their job stores)."""
