@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -77,12 +78,11 @@ def settings_kwargs(model: Path, clip: Path, **over: Any) -> dict[str, Any]:
 
 
 def run_settings(prompts: Path, out: Path, model: Path, clip: Path, **over: Any) -> RunSettings:
-    """The RunSettings of :func:`settings_kwargs`."""
+    """The RunSettings of :func:`settings_kwargs`, each setting in its part of the family."""
     kw = settings_kwargs(model, clip, **over)
-    return RunSettings(
-        prompts,
-        out,
-        ModelSpec(kw["model"], kw["scorer"], steps=kw["steps"]),
-        Batching(max_batch_size=kw["max_batch_size"]),
-        QASettings(kw["threshold"], kw["max_attempts"]),
-    )
+    parts = [
+        {k: kw.pop(k) for k in [f.name for f in fields(cls)] if k in kw}
+        for cls in (ModelSpec, Batching, QASettings)
+    ]
+    spec, batching, qa = ModelSpec(**parts[0]), Batching(**parts[1]), QASettings(**parts[2])
+    return RunSettings(prompts, out, spec, batching, qa, **kw)
