@@ -73,7 +73,7 @@ class ModelSpec:
             raise ConfigError(f"--guidance must be a number >= 0, got {self.guidance}")
 
     def resolve(self, steps: int, guidance: float) -> tuple[int, float]:
-        """The steps and guidance to render at: these, else the pipeline's own given."""
+        """The steps and guidance to render at: those set here, else the pipeline's given."""
         return (
             steps if self.steps is None else self.steps,
             guidance if self.guidance is None else self.guidance,
