@@ -33,6 +33,7 @@ from renderq.bench.real import RealBench
 from renderq.bench.realrun import RealSettings, load_bench
 from renderq.core.cost import Profile
 from renderq.core.policies import Window, Windows
+from renderq.core.settings import QASettings
 from renderq.core.types import ScoreResult
 
 
@@ -71,9 +72,7 @@ def main() -> None:
     text = resources.files("renderq").joinpath("profiles/mini-sd-cpu.json").read_text()
     profile = Profile.from_dict(json.loads(text))
     # A threshold every image clears: every variant renders the same full batches.
-    bench, _ = load_bench(
-        RealSettings("embedded:mini-sd", "embedded:clip", threshold=-2.0), profile
-    )
+    bench, _ = load_bench(RealSettings(qa=QASettings(-2.0)), profile)
     clip = bench.scorer
     firsts = count(10_000, 1_000)
     full = args.requests // args.batch

@@ -16,12 +16,13 @@ from renderq.bench.real import RealBench, Recording
 from renderq.bench.report import fidelity_table
 from renderq.core.errors import ConfigError
 from renderq.core.policies import Window
+from renderq.core.settings import QASettings
 from renderq.core.stats import quantile_ci_ranks
 from renderq.core.types import Batch, BatchResult, ItemResult, ScoreResult, Stage
 from renderq.profiles import load_profile
 from tests.run.test_realtime import KEY
 
-REPLAY = {"max_attempts": 3, "qa": True, "score_batch_size": 32}
+REPLAY = {"qa": QASettings(max_attempts=3), "score_batch_size": 32}
 
 
 class JumpClock:
@@ -119,7 +120,7 @@ def test_a_replay_holds_hand_offs_and_slow_spells_the_medians_cannot_know() -> N
     # twice as much. The stages jump the bench's clock instead of sleeping.
     clock = JumpClock()
     ex = UnderReporting(clock, 1.0, 1.0, slow=2.0, slow_from=4)
-    bench = RealBench(ex, JumpScorer(clock, 0.1), KEY, ["p"], 0.5, clock=clock)
+    bench = RealBench(ex, JumpScorer(clock, 0.1), KEY, ["p"], QASettings(0.5), 7.5, clock=clock)
     policy = Window(batch_size=2)
     real = bench.run(policy, Scenario("offline", 16))
     rec = bench.last

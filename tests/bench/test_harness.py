@@ -13,6 +13,7 @@ from renderq.cli.main import app
 from renderq.core.cost import Profile
 from renderq.core.errors import ConfigError
 from renderq.core.policies import AdHoc, Dynamic, Window
+from renderq.core.settings import QASettings
 from renderq.profiles import load_profile
 
 # A curve with a real optimum: per-image cost falls to batch 8, then rises.
@@ -36,7 +37,7 @@ def test_limit_is_the_best_static_batch() -> None:
 
 
 def test_offline_efficiency_of_adhoc_and_window_against_the_limit() -> None:
-    backend = sim_backend(CURVED, qa=False)
+    backend = sim_backend(CURVED, qa=QASettings(enabled=False))
     runs = run_bench(
         backend,
         {"adhoc": AdHoc(), "window": Window(batch_size=8)},
@@ -51,7 +52,7 @@ def test_offline_efficiency_of_adhoc_and_window_against_the_limit() -> None:
 
 
 def test_server_scenario_checks_the_p99_bound_and_single_stream_runs_one_at_a_time() -> None:
-    backend = sim_backend(CURVED, qa=True)
+    backend = sim_backend(CURVED, qa=QASettings(max_attempts=4))
     scen = Scenario("server", 500, rate=1.0, p99_bound_s=30.0)
     runs = run_bench(backend, {"dynamic": Dynamic(0.5, 8)}, scen, Limit.of(CURVED), [0.1])
     assert runs[0].meets_p99 is True and runs[0].result.accepted == 500

@@ -12,6 +12,7 @@ from renderq.bench.harness import Scenario, paired_efficiency
 from renderq.bench.real import RealBench, _Interleaved
 from renderq.core.errors import ConfigError
 from renderq.core.policies import Window
+from renderq.core.settings import QASettings
 from renderq.core.types import Batch, BatchResult, ItemResult, Request
 from tests.run.test_realtime import KEY, SlowScorer
 
@@ -42,7 +43,7 @@ class _Noop:
 
 
 def _bench(executor: LoggingExecutor) -> RealBench:
-    return RealBench(executor, SlowScorer(0.0), KEY, ["a prompt"], threshold=0.5)
+    return RealBench(executor, SlowScorer(0.0), KEY, ["a prompt"], QASettings(0.5), 7.5)
 
 
 def test_a_reference_batch_follows_each_interval_of_images_and_stays_off_the_clock() -> None:

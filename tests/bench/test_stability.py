@@ -15,6 +15,7 @@ from renderq.bench.stability import Stability, drift, round_order, spread
 from renderq.cli.main import app
 from renderq.core.errors import ConfigError
 from renderq.core.policies import AdHoc, Policy, Window
+from renderq.core.settings import QASettings
 from renderq.core.types import Batch, BatchResult, ItemResult
 from renderq.profiles import load_profile
 from tests.run.test_realtime import KEY, SlowScorer
@@ -49,7 +50,9 @@ class Bench:
     )
 
     def run(self, repeat: int = 1, requests: int = 40) -> list:  # type: ignore[type-arg]
-        bench = RealBench(self.executor, SlowScorer(0.0), KEY, ["p"], 0.5, qa=False)
+        bench = RealBench(
+            self.executor, SlowScorer(0.0), KEY, ["p"], QASettings(enabled=False), 7.5
+        )
         scen = Scenario("offline", requests, p99_bound_s=BOUND)
         runs, _ = run_real(
             bench, load_profile("mini-sd-cpu"), self.policies, scen, LIMIT, False, repeat=repeat
@@ -134,7 +137,7 @@ def test_real_only_options_are_refused_by_value() -> None:
     assert res.exit_code != 0 and "--repeat must be >= 1, got 0" in res.output
     with pytest.raises(ConfigError, match="--workers 2"):
         run_real(
-            RealBench(Scripted(), SlowScorer(0.0), KEY, ["p"], 0.5),
+            RealBench(Scripted(), SlowScorer(0.0), KEY, ["p"], QASettings(0.5), 7.5),
             load_profile("mini-sd-cpu"),
             {"adhoc": AdHoc()},
             Scenario("offline", 2),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ pytest.importorskip("transformers")
 
 from renderq.backends.clip import ClipScorer  # noqa: E402
 from renderq.backends.diffusers import DiffusersExecutor  # noqa: E402
+from renderq.core.settings import Batching, ModelSpec, QASettings  # noqa: E402
+from renderq.jobs.runner import RunSettings  # noqa: E402
 from renderq.testing.tiny import build_tiny_clip, build_tiny_pipeline  # noqa: E402
 
 # Two cores are shared with other work; one thread per process keeps runs predictable.
@@ -61,7 +64,7 @@ def write_prompts(path: Path, prompts: list[str] | None = None) -> Path:
 
 
 def settings_kwargs(model: Path, clip: Path, **over: Any) -> dict[str, Any]:
-    """RunSettings arguments for the tiny models: 3 steps, a threshold some images miss."""
+    """The tiny models' settings by flag name: 3 steps, a threshold some images miss."""
     kw: dict[str, Any] = {
         "model": str(model),
         "scorer": str(clip),
@@ -72,3 +75,14 @@ def settings_kwargs(model: Path, clip: Path, **over: Any) -> dict[str, Any]:
     }
     kw.update(over)
     return kw
+
+
+def run_settings(prompts: Path, out: Path, model: Path, clip: Path, **over: Any) -> RunSettings:
+    """The RunSettings of :func:`settings_kwargs`, each setting in its part of the family."""
+    kw = settings_kwargs(model, clip, **over)
+    parts = [
+        {k: kw.pop(k) for k in [f.name for f in fields(cls)] if k in kw}
+        for cls in (ModelSpec, Batching, QASettings)
+    ]
+    spec, batching, qa = ModelSpec(**parts[0]), Batching(**parts[1]), QASettings(**parts[2])
+    return RunSettings(prompts, out, spec, batching, qa, **kw)

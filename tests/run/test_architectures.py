@@ -173,6 +173,7 @@ def test_a_job_reports_truncated_prompts_and_refuses_what_the_model_would_ignore
     import json
 
     from renderq.backends.null import NullScorer
+    from renderq.core.settings import ModelSpec, QASettings
     from renderq.jobs.runner import RunSettings, run_job
 
     name, ex = family
@@ -182,7 +183,7 @@ def test_a_job_reports_truncated_prompts_and_refuses_what_the_model_would_ignore
         lines[1]["negative_prompt"] = "blurry"
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    s = RunSettings(prompts, tmp_path / "out", model=ex.model, steps=2, threshold=-1.0)
+    s = RunSettings(prompts, tmp_path / "out", ModelSpec(ex.model, steps=2), qa=QASettings(-1.0))
     notices: list[str] = []
     if name == "flux":
         with pytest.raises(ConfigError, match=r"p.jsonl:2: .*would ignore negative_prompt"):

@@ -82,13 +82,27 @@ def test_calibrate_command_on_images(tmp_path: Path, tiny_clip: Path) -> None:
 
 
 def test_run_threshold_precedence(tmp_path: Path) -> None:
-    from renderq.cli.run import DEFAULT_THRESHOLD, pick_threshold
+    from renderq.backends.registry import scorer_default_threshold
+    from renderq.cli.run import qa_settings
+    from renderq.core.settings import FALLBACK_THRESHOLD, ModelSpec
+    from renderq.jobs.runner import RunSettings
 
     path = tmp_path / "cal.json"
-    assert pick_threshold(path, "some/clip", False) == DEFAULT_THRESHOLD
+
+    def pick(
+        scorer: str = "some/clip", scale100: bool = False, given: float | None = None
+    ) -> float | None:
+        qa = qa_settings(given, 3, path, scorer, scale100)
+        s = RunSettings(path, tmp_path, ModelSpec(scorer=scorer), qa=qa, scale100=scale100)
+        return s.resolved().qa.threshold
+
+    assert pick() == FALLBACK_THRESHOLD
+    shipped = scorer_default_threshold("embedded:clip")
+    assert pick("embedded:clip") == (FALLBACK_THRESHOLD if shipped is None else shipped)
     cal.save(path, cal.Calibration("some/clip", "cosine", 0.31, "pass_rate", 0.9, 0.9, 50))
-    assert pick_threshold(path, "some/clip", False) == 0.31
-    assert pick_threshold(path, "some/clip", True) == DEFAULT_THRESHOLD  # other scale
+    assert pick() == 0.31
+    assert pick(scale100=True) == FALLBACK_THRESHOLD  # other scale
+    assert pick(given=-0.5) == -0.5
 
 
 _scores = st.lists(st.integers(-100, 100).map(lambda v: v / 100), min_size=1, max_size=40)

@@ -21,10 +21,10 @@ import pytest
 
 from renderq.backends.clip import ClipScorer
 from renderq.backends.diffusers import DiffusersExecutor
-from renderq.jobs.runner import RunSettings, run_job
+from renderq.jobs.runner import run_job
 from renderq.store.lock import FolderLock
 
-from .conftest import PROMPTS, settings_kwargs, write_prompts
+from .conftest import PROMPTS, run_settings, settings_kwargs, write_prompts
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +82,7 @@ def test_sigkill_at_several_points_then_resume(
     scorer: ClipScorer,
 ) -> None:  # fmt: skip
     prompts = write_prompts(tmp_path / "prompts.txt", _PROMPTS)
-    reference = RunSettings(prompts, tmp_path / "ref", **settings_kwargs(tiny_model, tiny_clip))
+    reference = run_settings(prompts, tmp_path / "ref", tiny_model, tiny_clip)
     ref = run_job(reference, executor=executor, scorer=scorer)
     expected = _accepted(reference.out)
     assert 0 < len(expected) < len(_PROMPTS) and ref.escalated > 0

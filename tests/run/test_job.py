@@ -15,7 +15,7 @@ from renderq.jobs.runner import RunSettings, run_job
 from renderq.store.lock import FolderLock, JobLocked
 from renderq.store.sqlite import JobStore
 
-from .conftest import PROMPTS, settings_kwargs, write_prompts
+from .conftest import PROMPTS, run_settings, write_prompts
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,7 @@ def _meta(out: Path) -> dict[str, dict[str, object]]:
 
 def _settings(tmp_path: Path, tiny_model: Path, tiny_clip: Path, **over: object) -> RunSettings:
     prompts = write_prompts(tmp_path / "prompts.txt")
-    return RunSettings(prompts, tmp_path / "out", **settings_kwargs(tiny_model, tiny_clip, **over))
+    return run_settings(prompts, tmp_path / "out", tiny_model, tiny_clip, **over)
 
 
 def test_oom_at_batch_8_bisected_all_delivered(
@@ -36,7 +36,7 @@ def test_oom_at_batch_8_bisected_all_delivered(
 ) -> None:  # fmt: skip
     s = _settings(tmp_path, tiny_model, tiny_clip, max_batch_size=8, threshold=-1.0)
     pipe = FaultyPipeline(executor.pipeline, oom_at=8)
-    ex = DiffusersExecutor(pipe, s.model)
+    ex = DiffusersExecutor(pipe, s.spec.model)
     summary = run_job(s, executor=ex, scorer=scorer)
     assert summary.accepted == len(PROMPTS) and summary.escalated == 0
     assert pipe.ooms == 1 and pipe.calls == [8, 4, 4]
@@ -51,7 +51,7 @@ def test_oom_lowers_the_cap_for_the_rest_of_the_run(
 ) -> None:  # fmt: skip
     s = _settings(tmp_path, tiny_model, tiny_clip, max_batch_size=4, threshold=-0.2)
     pipe = FaultyPipeline(executor.pipeline, oom_at=4)
-    summary = run_job(s, executor=DiffusersExecutor(pipe, s.model), scorer=scorer)
+    summary = run_job(s, executor=DiffusersExecutor(pipe, s.spec.model), scorer=scorer)
     assert summary.accepted + summary.escalated == len(PROMPTS)
     # After the first OOM at 4 the key's cap is 2: no later call is 4 wide.
     assert pipe.calls[:3] == [4, 2, 2] and max(pipe.calls[3:]) <= 2 and pipe.ooms == 1
@@ -64,7 +64,7 @@ def test_nan_item_only_that_item_regenerated(
     s = _settings(tmp_path, tiny_model, tiny_clip, threshold=-1.0)
     # Prompt 3's first seed is seed + 3 = 3: its first render comes back NaN.
     pipe = FaultyPipeline(executor.pipeline, nan_seeds=frozenset({3}))
-    summary = run_job(s, executor=DiffusersExecutor(pipe, s.model), scorer=scorer)
+    summary = run_job(s, executor=DiffusersExecutor(pipe, s.spec.model), scorer=scorer)
     assert pipe.nans == 1 and summary.accepted == len(PROMPTS)
     meta = _meta(s.out)
     assert {i: r["attempt"] for i, r in meta.items() if r["attempt"] != 0} == {"p000003": 1}
@@ -74,7 +74,7 @@ def test_nan_item_only_that_item_regenerated(
         assert tries[0].error is not None and "NaN" in tries[0].error and tries[1].score is not None
         scores = {(r, a): (sc, x) for r, a, sc, x in store.scores()}
         assert ("p000003", 0) not in scores and len(scores) == len(PROMPTS)
-        assert scores[("p000003", 1)] == (s.scorer, tries[1].score)
+        assert scores[("p000003", 1)] == (s.spec.scorer, tries[1].score)
     finally:
         store.close()
 
@@ -99,7 +99,7 @@ def test_rerun_resumes_without_rendering_again(
     assert first.accepted > 0 and first.escalated > 0  # the threshold splits the tiny scores
     before = (s.out / "metadata.jsonl").read_text()
     pipe = FaultyPipeline(executor.pipeline)
-    again = run_job(s, executor=DiffusersExecutor(pipe, s.model), scorer=scorer)
+    again = run_job(s, executor=DiffusersExecutor(pipe, s.spec.model), scorer=scorer)
     assert pipe.calls == [] and again.submitted == 0 and again.runs == 2
     assert (s.out / "metadata.jsonl").read_text() == before
     assert again.ledger.total_seconds == pytest.approx(first.ledger.total_seconds)
@@ -107,8 +107,8 @@ def test_rerun_resumes_without_rendering_again(
     assert ledger["accepted"] == first.accepted
     review = [json.loads(x) for x in (s.out / "review.jsonl").read_text().splitlines()]
     assert len(review) == first.escalated
-    assert all(len(r["attempts"]) == s.max_attempts for r in review)
-    assert all(a["clip_score"] < s.threshold for r in review for a in r["attempts"])
+    assert all(len(r["attempts"]) == s.qa.max_attempts for r in review)
+    assert all(a["clip_score"] < s.qa.threshold for r in review for a in r["attempts"])
 
 
 def test_different_settings_refused(
@@ -165,10 +165,9 @@ def test_jsonl_sizes_seeds_and_steps_make_their_own_batches(
     ]
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    s = RunSettings(prompts, tmp_path / "out", **settings_kwargs(tiny_model, tiny_clip,
-                                                                 threshold=-1.0))  # fmt: skip
+    s = run_settings(prompts, tmp_path / "out", tiny_model, tiny_clip, threshold=-1.0)
     pipe = FaultyPipeline(executor.pipeline)
-    summary = run_job(s, executor=DiffusersExecutor(pipe, s.model), scorer=scorer)
+    summary = run_job(s, executor=DiffusersExecutor(pipe, s.spec.model), scorer=scorer)
     assert summary.accepted == 5
     meta = _meta(s.out)
     assert meta["p000000"]["seed"] == 1234 and meta["p000004"]["seed"] == 4

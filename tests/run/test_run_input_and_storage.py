@@ -18,10 +18,10 @@ from renderq.backends.diffusers import DiffusersExecutor
 from renderq.cli.main import app
 from renderq.core.errors import ConfigError, StorageError
 from renderq.jobs.prompts import read_prompts
-from renderq.jobs.runner import RunSettings, run_job
+from renderq.jobs.runner import run_job
 from renderq.store.sqlite import JobStore
 
-from .conftest import PROMPTS, settings_kwargs, write_prompts
+from .conftest import PROMPTS, run_settings, write_prompts
 
 pytestmark = pytest.mark.slow
 
@@ -101,8 +101,7 @@ def test_jsonl_id_names_the_request_and_its_image(
     prompts = tmp_path / "p.jsonl"
     lines = [{"prompt": PROMPTS[0], "id": "cat-001"}, {"prompt": PROMPTS[1]}]
     prompts.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    s = RunSettings(prompts, tmp_path / "out", **settings_kwargs(tiny_model, tiny_clip,
-                                                                 threshold=-1.0))  # fmt: skip
+    s = run_settings(prompts, tmp_path / "out", tiny_model, tiny_clip, threshold=-1.0)
     run_job(s, executor=executor, scorer=scorer)
     rows = [json.loads(x) for x in (s.out / "metadata.jsonl").read_text().splitlines()]
     by_id = {r["id"]: r for r in rows}
@@ -143,10 +142,14 @@ def test_ledger_json_is_current_after_every_commit(
     scorer: ClipScorer,
 ) -> None:  # fmt: skip
     """A run killed at any point leaves a ledger.json that agrees with the store."""
-    s = RunSettings(
-        write_prompts(tmp_path / "p.txt"), tmp_path / "out",
-        **settings_kwargs(tiny_model, tiny_clip, threshold=-1.0, max_batch_size=2),
-    )  # fmt: skip
+    s = run_settings(
+        write_prompts(tmp_path / "p.txt"),
+        tmp_path / "out",
+        tiny_model,
+        tiny_clip,
+        threshold=-1.0,
+        max_batch_size=2,
+    )
     seen: list[tuple[float, float]] = []
 
     def check(_: object) -> None:
@@ -166,10 +169,14 @@ def test_a_full_disk_stops_the_run_clearly_and_loses_nothing_committed(
     tmp_path: Path, tiny_model: Path, tiny_clip: Path, executor: DiffusersExecutor,
     scorer: ClipScorer, monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    s = RunSettings(
-        write_prompts(tmp_path / "p.txt"), tmp_path / "out",
-        **settings_kwargs(tiny_model, tiny_clip, threshold=-1.0, max_batch_size=2),
-    )  # fmt: skip
+    s = run_settings(
+        write_prompts(tmp_path / "p.txt"),
+        tmp_path / "out",
+        tiny_model,
+        tiny_clip,
+        threshold=-1.0,
+        max_batch_size=2,
+    )
     real = JobStore.commit_step
     calls = {"n": 0}
 

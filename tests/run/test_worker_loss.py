@@ -107,9 +107,9 @@ def test_a_job_whose_worker_dies_completes_with_nothing_lost_or_twice(
     import json
 
     from renderq.backends.diffusers import DiffusersExecutor
-    from renderq.jobs.runner import RunSettings, run_job
+    from renderq.jobs.runner import run_job
 
-    from .conftest import PROMPTS, settings_kwargs, write_prompts
+    from .conftest import PROMPTS, run_settings, write_prompts
 
     class DyingPipeline:
         def __init__(self, inner: object) -> None:
@@ -125,12 +125,16 @@ def test_a_job_whose_worker_dies_completes_with_nothing_lost_or_twice(
                 raise ThreadDeath("worker thread ended mid-batch")
             return self.inner(**kwargs)  # type: ignore[operator]
 
-    s = RunSettings(
-        write_prompts(tmp_path / "p.txt"), tmp_path / "out",
-        **settings_kwargs(tiny_model, tiny_clip, threshold=-1.0, max_batch_size=4),
-    )  # fmt: skip
+    s = run_settings(
+        write_prompts(tmp_path / "p.txt"),
+        tmp_path / "out",
+        tiny_model,
+        tiny_clip,
+        threshold=-1.0,
+        max_batch_size=4,
+    )
     pipe = DyingPipeline(executor.pipeline)  # type: ignore[attr-defined]
-    summary = run_job(s, executor=DiffusersExecutor(pipe, s.model), scorer=scorer)  # type: ignore[arg-type]
+    summary = run_job(s, executor=DiffusersExecutor(pipe, s.spec.model), scorer=scorer)  # type: ignore[arg-type]
     assert summary.accepted == len(PROMPTS)
     rows = [json.loads(x) for x in (s.out / "metadata.jsonl").read_text().splitlines()]
     assert sorted(r["id"] for r in rows) == [f"p{i:06d}" for i in range(len(PROMPTS))]

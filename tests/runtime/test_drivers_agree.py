@@ -12,6 +12,7 @@ import pytest
 from renderq.core.policies import AdHoc, Dynamic, Policy, Window
 from renderq.core.qa import QAPolicy
 from renderq.core.scheduler import Scheduler
+from renderq.core.settings import QASettings
 from renderq.core.types import Request
 from renderq.profiles import load_profile
 from renderq.runtime.arrivals import Arrival
@@ -54,8 +55,7 @@ def test_real_time_and_simulated_drivers_cut_the_same_batches(
         SimConfig(
             PROFILE,
             tuple(Arrival(0.0) for _ in range(N)),
-            max_attempts=3,
-            threshold=THRESHOLD,
+            qa=QASettings(THRESHOLD, max_attempts=3),
             outcomes=outcomes,
             score_batch_size=score_batch_size,
             share_device=True,  # the fakes share one device class, as on a CPU

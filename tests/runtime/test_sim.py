@@ -10,6 +10,7 @@ import pytest
 
 from renderq.core.errors import ConfigError
 from renderq.core.policies import AdHoc, Dynamic, Window, Windows
+from renderq.core.settings import QASettings
 from renderq.profiles import load_profile
 from renderq.runtime.arrivals import Arrival, arrivals, read_trace, write_trace
 from renderq.runtime.sim import SimConfig, SimResult, simulate
@@ -56,7 +57,7 @@ def test_doubling_the_failure_rate_raises_regeneration_accordingly() -> None:
 
 
 def test_hard_prompts_end_escalated_after_the_whole_budget() -> None:
-    r = run(Window(), 1000, failure_rate=0.0, hard_share=0.1, max_attempts=3)
+    r = run(Window(), 1000, failure_rate=0.0, hard_share=0.1, qa=QASettings(max_attempts=3))
     assert 60 < r.escalated < 140 and r.accepted + r.escalated == 1000
     assert r.rerenders == r.escalated * 2
 

@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ pytest.importorskip("fastapi")
 import uvicorn
 
 from renderq.core.errors import ConfigError
+from renderq.core.settings import INTERACTIVE, ModelSpec, QASettings
 from renderq.service.app import create_app
 from renderq.service.config import ServiceConfig, load_config
 from renderq.service.render import RenderService
@@ -53,8 +55,8 @@ class Live:
 @pytest.fixture()
 def live(tmp_path: Path) -> Iterator[Live]:
     cfg = ServiceConfig(
-        model="null", data_dir=tmp_path, max_batch_size=4, tokens=TOKENS,
-        admin_tenants=("ops",), tenant_max_queued=4, max_body_bytes=4096,
+        spec=ModelSpec("null"), data_dir=tmp_path, batching=replace(INTERACTIVE, max_batch_size=4),
+        tokens=TOKENS, admin_tenants=("ops",), tenant_max_queued=4, max_body_bytes=4096,
     )  # fmt: skip
     srv = Live(cfg)
     yield srv
@@ -135,7 +137,7 @@ def test_stats_show_a_tenant_only_its_own_numbers_and_an_admin_all(live: Live) -
 
 def test_an_admin_tenant_without_a_token_is_refused() -> None:
     with pytest.raises(ConfigError, match="admin_tenants 'ops' have no token"):
-        ServiceConfig(model="null", tokens={"t": "team-a"}, admin_tenants=("ops",))
+        ServiceConfig(spec=ModelSpec("null"), tokens={"t": "team-a"}, admin_tenants=("ops",))
 
 
 def test_a_profile_setting_is_refused_as_the_service_does_not_read_one(tmp_path: Path) -> None:
@@ -143,6 +145,28 @@ def test_a_profile_setting_is_refused_as_the_service_does_not_read_one(tmp_path:
     cfg.write_text('model = "null"\nprofile = "profile.json"\n')
     with pytest.raises(ConfigError, match="does not read a profile"):
         load_config(cfg, env={})
+
+
+def test_the_config_file_fills_the_shared_settings_and_names_a_bad_value(tmp_path: Path) -> None:
+    cfg = tmp_path / "renderq.toml"
+    cfg.write_text(
+        'threshold = 0.3\n[model]\nmodel = "null"\nprecision = "bf16"\nguidance = 4.0\n'
+        "[batching]\nmax_batch_size = 4\nscore_batch_size = 16\nmax_attempts = 2\n"
+    )
+    got = load_config(cfg, env={}, max_queue_delay_s=0.2)
+    assert got.spec == ModelSpec("null", precision="bf16", guidance=4.0)
+    assert got.batching == replace(INTERACTIVE, max_batch_size=4, score_batch_size=16,
+                                   max_queue_delay_s=0.2)  # fmt: skip
+    assert got.qa == QASettings(0.3, max_attempts=2)
+    assert got.render_cap == 4
+    cfg.write_text('model = "null"\nmode = "window"\n')  # the service batches dynamically
+    with pytest.raises(ConfigError, match=r"unknown config setting.*'mode'"):
+        load_config(cfg, env={})
+    cfg.write_text('model = "null"\nmax_attempts = 0\n')
+    with pytest.raises(ConfigError, match="max-attempts must be >= 1, got 0"):
+        load_config(cfg, env={})
+    with pytest.raises(ConfigError, match="batches dynamically"):
+        ServiceConfig(batching=replace(INTERACTIVE, mode="window"))
 
 
 def test_readyz_says_draining_once_a_drain_began(live: Live) -> None:
@@ -155,7 +179,7 @@ def test_readyz_says_draining_once_a_drain_began(live: Live) -> None:
 
 
 def test_port_0_prints_the_port_bound(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    srv = Live(ServiceConfig(model="null", data_dir=tmp_path))
+    srv = Live(ServiceConfig(spec=ModelSpec("null"), data_dir=tmp_path))
     try:
         port = int(srv.url.rsplit(":", 1)[1])
         assert port != 0

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
+from renderq.core.settings import INTERACTIVE, Batching, ModelSpec
 from renderq.service.config import ServiceConfig
 from renderq.service.render import RenderService
 
+NULL = ModelSpec("null")
+
+
+def batches_of(n: int) -> Batching:
+    return replace(INTERACTIVE, max_batch_size=n)
+
 
 def test_null_model_service_renders_batches_and_drains(tmp_path: Path) -> None:
-    svc = RenderService(ServiceConfig(model="null", data_dir=tmp_path, max_batch_size=4))
+    svc = RenderService(ServiceConfig(spec=NULL, data_dir=tmp_path, batching=batches_of(4)))
     svc.start()
     assert svc.ready.wait(timeout=60), svc.load_error
     reqs = svc.build_requests("local", prompt="a red circle", n=3, seed=5, qa=False)
@@ -33,7 +41,7 @@ def test_a_bulk_job_ten_times_the_per_key_queue_finishes_without_a_restart(
 ) -> None:
     import time
 
-    cfg = ServiceConfig(model="null", data_dir=tmp_path, max_batch_size=4, max_queue_per_key=8)
+    cfg = ServiceConfig(spec=NULL, data_dir=tmp_path, batching=batches_of(4), max_queue_per_key=8)
     svc = RenderService(cfg)
     svc.start()
     assert svc.ready.wait(timeout=60), svc.load_error
@@ -67,7 +75,7 @@ def test_a_drain_reports_the_bulk_prompts_it_really_kept(tmp_path: Path, capsys:
         ex = Slow()
         return ex, NullScorer(), Defaults(ex.size, ex.size, 1, 0.0, 0.0, ex.sampler)
 
-    cfg = ServiceConfig(model="null", data_dir=tmp_path, max_batch_size=2, max_queue_per_key=4)
+    cfg = ServiceConfig(spec=NULL, data_dir=tmp_path, batching=batches_of(2), max_queue_per_key=4)
     svc = RenderService(cfg, load=load)  # type: ignore[arg-type]
     svc.start()
     assert svc.ready.wait(timeout=60), svc.load_error
@@ -88,7 +96,9 @@ def test_bulk_job_scores_are_recorded_with_the_services_scorer(tmp_path: Path) -
 
     from renderq.store.sqlite import JobStore
 
-    cfg = ServiceConfig(model="null", scorer="my/scorer", data_dir=tmp_path, max_batch_size=4)
+    cfg = ServiceConfig(
+        spec=ModelSpec("null", "my/scorer"), data_dir=tmp_path, batching=batches_of(4)
+    )
     svc = RenderService(cfg)
     svc.start()
     assert svc.ready.wait(timeout=60), svc.load_error
@@ -110,7 +120,7 @@ def test_n_above_the_tenant_limit_is_a_bad_request_not_a_retry(tmp_path: Path) -
 
     from renderq.core.errors import ConfigError
 
-    cfg = ServiceConfig(model="null", data_dir=tmp_path, tenant_max_queued=4)
+    cfg = ServiceConfig(spec=NULL, data_dir=tmp_path, tenant_max_queued=4)
     svc = RenderService(cfg)
     svc.start()
     assert svc.ready.wait(timeout=60), svc.load_error

@@ -14,12 +14,7 @@ import json
 from pathlib import Path
 
 from renderq.core.errors import ConfigError
-
-DEFAULT_MODEL = "embedded:mini-sd"
-"""The text-to-image model ``renderq run`` uses unless told otherwise."""
-
-DEFAULT_SCORER = "embedded:clip"
-"""The CLIP scorer ``renderq run`` uses unless told otherwise."""
+from renderq.core.settings import DEFAULT_MODEL, DEFAULT_SCORER
 
 EMBEDDED_PREFIX = "embedded:"
 

@@ -34,6 +34,7 @@ from renderq.bench.real import Recording
 from renderq.core.cost import Profile
 from renderq.core.errors import ConfigError
 from renderq.core.policies import Policy
+from renderq.core.settings import QASettings
 from renderq.core.stats import percentile_ci
 from renderq.runtime.sim import SimConfig, SimResult, simulate
 
@@ -181,8 +182,7 @@ def replay(
     rec: Recording,
     profile: Profile,
     *,
-    max_attempts: int,
-    qa: bool,
+    qa: QASettings,
     score_batch_size: int,
     calibration: Calibration = Calibration(),
 ) -> SimResult:
@@ -195,7 +195,6 @@ def replay(
         profile,
         rec.arrivals(),
         failure_rate=0.0,
-        max_attempts=max_attempts,
         qa=qa,
         outcomes=rec.outcomes,
         score_batch_size=score_batch_size,

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from renderq.core.cost import Profile
 from renderq.core.errors import ConfigError
 from renderq.core.policies import Policy
+from renderq.core.settings import QASettings
 from renderq.core.types import Stage
 from renderq.runtime.arrivals import Arrival, arrivals
 from renderq.runtime.sim import SimConfig, SimResult, simulate
@@ -96,7 +97,7 @@ Backend = Callable[[Policy, Scenario, float], SimResult]
 
 
 def sim_backend(
-    profile: Profile, *, qa: bool = True, workers: int = 1, seed: int = 0, max_attempts: int = 4
+    profile: Profile, *, qa: QASettings = QASettings(), workers: int = 1, seed: int = 0
 ) -> Backend:
     """A backend that simulates runs on ``profile``."""
 
@@ -105,11 +106,10 @@ def sim_backend(
             profile,
             scenario.arrivals(),
             failure_rate=failure_rate,
-            max_attempts=max_attempts,
+            qa=qa,
             render_workers=workers,
             seed=seed,
             streams=scenario.streams,
-            qa=qa,
         )
         return simulate(policy, cfg)
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from renderq.backends.diffusers import DiffusersExecutor, import_torch, is_oom
-from renderq.backends.registry import resolve
+from renderq.backends.registry import model_defaults, resolve
 from renderq.bench.profiling import (
     Point,
     cpu_peak_rss,
@@ -18,7 +18,8 @@ from renderq.bench.profiling import (
     profile_document,
 )
 from renderq.core.protocols import Scorer
-from renderq.core.types import Batch, BatchKey, Request
+from renderq.core.settings import DEFAULT_MAX_BATCH_SIZE, ModelSpec, key_for
+from renderq.core.types import Batch, Request
 
 PROMPTS = (
     "a small red circle on a blue background",
@@ -30,16 +31,14 @@ PROMPTS = (
 
 @dataclass(frozen=True, slots=True)
 class ProfileSettings:
-    """What to profile: the model, where, and over which batch sizes."""
+    """What to profile: the model, where, and over which batch sizes.
 
-    model: str
-    scorer: str
-    device: str = "cpu"
-    precision: str = "fp32"
-    steps: int = 20
+    Unset steps and guidance are the pipeline's own, as ``renderq run`` renders them.
+    """
+
+    spec: ModelSpec = field(default_factory=ModelSpec)
     resolution: tuple[int, int] | None = None
-    guidance: float = 7.5
-    max_batch: int = 16
+    max_batch: int = DEFAULT_MAX_BATCH_SIZE
     repeats: int = 3
     warmup: int = 2
 
@@ -66,8 +65,11 @@ def profile_model(s: ProfileSettings, name: str | None = None) -> dict[str, Any]
     """Load the model and scorer, measure them; return the profile document."""
     from renderq.backends.clip import ClipScorer
 
-    executor = DiffusersExecutor.load(resolve(s.model), device=s.device, precision=s.precision)
-    scorer = ClipScorer.load(resolve(s.scorer), device=s.device)
+    spec = s.spec
+    executor = DiffusersExecutor.load(
+        resolve(spec.model), device=spec.device, precision=spec.precision
+    )
+    scorer = ClipScorer.load(resolve(spec.scorer), device=spec.device)
     return profile_loaded(executor, scorer, s, name)
 
 
@@ -77,10 +79,12 @@ def profile_loaded(
     """Measure render and score latency per batch size of loaded models."""
     width, height = s.resolution or executor.default_size()
     executor.check_size(width, height)
-    key = BatchKey(
-        s.model, width, height, s.steps, s.guidance > 1.0, executor.sampler, s.precision, s.device
+    spec = s.spec
+    steps, guidance = spec.resolve(*model_defaults(spec.model))
+    key = key_for(
+        spec.model, width, height, steps, guidance, executor.sampler, spec.precision, spec.device
     )
-    peak, reset = _peak_probe(s.device)
+    peak, reset = _peak_probe(spec.device)
     images: list[Any] = []
     counter = iter(range(1 << 62))
 
@@ -92,7 +96,7 @@ def profile_loaded(
                 PROMPTS[i % len(PROMPTS)],
                 key,
                 base_seed=next(counter),
-                guidance_scale=s.guidance,
+                guidance_scale=guidance,
             )
             for i in range(n)
         )
@@ -116,16 +120,16 @@ def profile_loaded(
     score_pts: list[Point] = measure(
         score, [p.batch_size for p in render_pts], repeats=s.repeats, warmup=s.warmup
     )
-    mem, env = _device_memory(s.device)
+    mem, env = _device_memory(spec.device)
     return profile_document(
-        name=name or f"{s.model.split(':')[-1].split('/')[-1]}-{s.device.split(':')[0]}",
-        model=s.model,
-        device_class=s.device,
-        precision=s.precision,
+        name=name or f"{spec.model.split(':')[-1].split('/')[-1]}-{spec.device.split(':')[0]}",
+        model=spec.model,
+        device_class=spec.device,
+        precision=spec.precision,
         resolution=(width, height),
-        steps=s.steps,
+        steps=steps,
         device_memory_bytes=mem,
         render=render_pts,
         score=score_pts,
-        environment=environment_line(s.device, env),
+        environment=environment_line(spec.device, env),
     )

@@ -21,8 +21,8 @@ from renderq.core.errors import ConfigError
 from renderq.core.events import Accepted, Cancelled, Escalated, Regenerating
 from renderq.core.policies import Policy
 from renderq.core.protocols import Executor, Scorer
-from renderq.core.qa import QAPolicy
 from renderq.core.scheduler import Scheduler
+from renderq.core.settings import DEFAULT_SCORE_BATCH_SIZE, QASettings
 from renderq.core.types import (
     TERMINAL,
     Batch,
@@ -105,17 +105,19 @@ class _Recorder:
 
 @dataclass(slots=True)
 class RealBench:
-    """Runs scenarios on a loaded executor and scorer."""
+    """Runs scenarios on a loaded executor and scorer.
+
+    ``qa`` is the gate (unset threshold: the fallback; ``enabled=False``: nothing is
+    scored); ``guidance`` the scale every request renders at (``key`` says if it is on).
+    """
 
     executor: Executor
     scorer: Scorer
     key: BatchKey
     prompts: Sequence[str]
-    threshold: float
-    guidance: float = 7.5
-    max_attempts: int = 3
-    qa: bool = True
-    score_batch_size: int = 32
+    qa: QASettings
+    guidance: float
+    score_batch_size: int = DEFAULT_SCORE_BATCH_SIZE
     share_device: bool | None = None
     last: Recording | None = None
     clock: Callable[[], float] = time.monotonic
@@ -134,7 +136,7 @@ class RealBench:
             base_seed=i,
             arrival=t,
             guidance_scale=self.guidance,
-            qa=self.qa,
+            qa=self.qa.enabled,
         )
 
     def direct_batches(self, size: int, batches: int, first: int = 1_000_000) -> list[float]:
@@ -180,7 +182,7 @@ class RealBench:
             rec.reference_s, rec.stretches = interleaved.reference_s, interleaved.stretches
         sched = Scheduler(
             policy,
-            qa=QAPolicy(self.threshold, self.max_attempts, enabled=self.qa),
+            qa=self.qa.policy(),
             default_cap=policy.max_batch_size or 64,
         )
         arrivals = scenario.arrivals()
@@ -197,14 +199,14 @@ class RealBench:
         engine = RealtimeEngine(
             sched,
             {executor.device_class: executor},
-            self.scorer if self.qa else _Unscored(),
+            self.scorer if self.qa.enabled else _Unscored(),
             recorder,
             score_batch_size=self.score_batch_size,
             share_device=self.share_device,
             clock=clock,
         )
         recorder.engine = engine
-        rec.shared_device = self.qa and engine.shares_device
+        rec.shared_device = self.qa.enabled and engine.shares_device
 
         def submit(i: int, now: float) -> None:
             rec.submitted[f"r{i:07d}"] = now

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from renderq.backends.registry import model_defaults, resolve, scorer_default_threshold
@@ -24,24 +24,20 @@ from renderq.bench.stability import STABILITY_BOUND, Stability, round_order
 from renderq.core.cost import Profile
 from renderq.core.errors import ConfigError
 from renderq.core.policies import Policy
-from renderq.core.types import BatchKey
+from renderq.core.settings import DEFAULT_MAX_BATCH_SIZE, Batching, ModelSpec, QASettings, key_for
 
 
 @dataclass(frozen=True, slots=True)
 class RealSettings:
-    """The real model to bench and how."""
+    """The real model to bench and how.
 
-    model: str
-    scorer: str
-    device: str = "cpu"
-    precision: str = "fp32"
-    steps: int | None = None
-    guidance: float | None = None
-    threshold: float | None = None
-    max_attempts: int = 3
-    max_batch_size: int = 16
-    qa: bool = True
-    score_batch_size: int = 32
+    ``batching`` gives the batch caps (its max batch size is also the largest batch the
+    profile measures); its mode is not used, each mode runs in turn.
+    """
+
+    spec: ModelSpec = field(default_factory=ModelSpec)
+    batching: Batching = field(default_factory=Batching)
+    qa: QASettings = field(default_factory=QASettings)
     profile_repeats: int = 2
 
 
@@ -58,48 +54,38 @@ def load_bench(s: RealSettings, profile: Profile | None) -> tuple[RealBench, Pro
     from renderq.backends.clip import ClipScorer
     from renderq.backends.diffusers import DiffusersExecutor
 
-    steps, guidance = model_defaults(s.model)
-    steps = s.steps or steps
-    guidance = guidance if s.guidance is None else s.guidance
-    threshold = s.threshold
-    if threshold is None:
-        threshold = scorer_default_threshold(s.scorer) or 0.25
+    spec = s.spec
+    steps, guidance = spec.resolve(*model_defaults(spec.model))
+    qa = s.qa.with_threshold(scorer_default_threshold(spec.scorer))
     ex = DiffusersExecutor.load(
-        resolve(s.model), device=s.device, precision=s.precision, name=s.model
+        resolve(spec.model), device=spec.device, precision=spec.precision, name=spec.model
     )
-    sc = ClipScorer.load(resolve(s.scorer), device=s.device, name=s.scorer)
+    sc = ClipScorer.load(resolve(spec.scorer), device=spec.device, name=spec.scorer)
     if profile is None:
-        doc = profile_loaded(
-            ex,
-            sc,
-            ProfileSettings(
-                s.model,
-                s.scorer,
-                s.device,
-                s.precision,
-                steps,
-                guidance=guidance,
-                max_batch=s.max_batch_size,
-                repeats=s.profile_repeats,
-            ),
+        cap = s.batching.max_batch_size or DEFAULT_MAX_BATCH_SIZE
+        measured = ProfileSettings(spec, max_batch=cap, repeats=s.profile_repeats)
+        profile = Profile.from_dict(profile_loaded(ex, sc, measured))
+    key = key_for(
+        spec.model, profile.width, profile.height, steps, guidance, ex.sampler, spec.precision,
+        ex.device_class,
+    )  # fmt: skip
+    prompts = shipped_prompts()
+    return RealBench(ex, sc, key, prompts, qa, guidance, s.batching.score_batch_size), profile
+
+
+def check_real_options(repeat: int, workers: int, reference_every: int, bound: float) -> None:
+    """Refuse, by value, what the real bench cannot take (before any model loads)."""
+    if reference_every < 0:
+        raise ConfigError(f"--reference-every must be >= 0, got {reference_every}")
+    if repeat < 1:
+        raise ConfigError(f"--repeat must be >= 1, got {repeat}")
+    if not bound > 0:
+        raise ConfigError(f"--stability-bound must be > 0, got {bound}")
+    if workers != 1:
+        raise ConfigError(
+            f"--workers {workers} is for the simulator: the real bench drives one render "
+            "worker (one loaded pipeline); give --workers 1 or --executor sim"
         )
-        profile = Profile.from_dict(doc)
-    width, height = profile.width, profile.height
-    key = BatchKey(
-        s.model, width, height, steps, guidance > 1.0, ex.sampler, s.precision, ex.device_class
-    )
-    bench = RealBench(
-        ex,
-        sc,
-        key,
-        shipped_prompts(),
-        threshold,
-        guidance,
-        s.max_attempts,
-        s.qa,
-        s.score_batch_size,
-    )
-    return bench, profile
 
 
 def run_real(
@@ -125,15 +111,7 @@ def run_real(
     against ``stability_bound``; an unstable run's p99 bound is not judged. Round ``r``
     starts at the ``r``-th mode, so no mode always runs first (on a cold machine) or last.
     """
-    if reference_every < 0:
-        raise ConfigError(f"--reference-every must be >= 0, got {reference_every}")
-    if repeat < 1:
-        raise ConfigError(f"--repeat must be >= 1, got {repeat}")
-    if workers != 1:
-        raise ConfigError(
-            f"--workers {workers} is for the simulator: the real bench drives one render "
-            "worker (one loaded pipeline); give --workers 1 or --executor sim"
-        )
+    check_real_options(repeat, workers, reference_every, stability_bound)
     runs: list[ModeRun] = []
     fidelity: list[dict[str, Any]] = []
     for r in range(repeat):
@@ -203,7 +181,6 @@ def _one_mode(
             policy,
             rec,
             cal,
-            max_attempts=bench.max_attempts,
             qa=bench.qa,
             score_batch_size=bench.score_batch_size,
             calibration=c,

@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 import typer
 
-from renderq.backends.registry import DEFAULT_MODEL, DEFAULT_SCORER
 from renderq.bench.harness import (
     REFERENCE_EVERY,
     Limit,
@@ -20,9 +19,12 @@ from renderq.bench.harness import (
 )
 from renderq.bench.report import fidelity_table, markdown, plots
 from renderq.bench.stability import STABILITY_BOUND
-from renderq.cli.simulate import make_policy, parse_modes
+from renderq.cli.simulate import make_policies
 from renderq.core.errors import ConfigError
+from renderq.core.settings import Batching, ModelSpec, QASettings
 from renderq.profiles import load_profile
+
+_SPEC, _BATCHING, _QA = ModelSpec(), Batching(), QASettings()  # the shared defaults
 
 
 def _rates(text: str) -> list[float]:
@@ -33,22 +35,6 @@ def _rates(text: str) -> list[float]:
     if not rates or any(not 0 <= r <= 1 for r in rates):
         raise ConfigError(f"failure rates must be in [0, 1], got {text!r}")
     return rates
-
-
-def _check_real_options(executor: str, repeat: int, workers: int, bound: float) -> None:
-    if repeat < 1:
-        raise ConfigError(f"--repeat must be >= 1, got {repeat}")
-    if not bound > 0:
-        raise ConfigError(f"--stability-bound must be > 0, got {bound}")
-    if executor == "sim" and repeat != 1:
-        raise ConfigError(
-            f"--repeat {repeat} needs --executor real (a simulated round repeats exactly)"
-        )
-    if executor == "real" and workers != 1:
-        raise ConfigError(
-            f"--workers {workers} is for the simulator: the real bench drives one render "
-            "worker (one loaded pipeline); give --workers 1 or --executor sim"
-        )
 
 
 def bench_command(
@@ -66,20 +52,24 @@ def bench_command(
     qa: Annotated[bool, typer.Option("--qa/--no-qa", help="Score and regenerate.")] = True,
     failure_rates: Annotated[str, typer.Option(help="Simulated QA failure sweep.")] = "0.08",
     max_batch_size: Annotated[int | None, typer.Option(help="Cap below the profile's.")] = None,
-    max_queue_delay: Annotated[float, typer.Option(help="Dynamic mode delay cap, s.")] = 0.5,
+    max_queue_delay: Annotated[
+        float, typer.Option(help="Dynamic mode delay cap, s.")
+    ] = _BATCHING.max_queue_delay_s,
     windows: Annotated[str, typer.Option(help="Window mode windows.")] = "always",
     workers: Annotated[
         int, typer.Option(help="Sim: render workers (the real bench drives one).")
     ] = 1,
     seed: Annotated[int, typer.Option(help="Seed of arrivals and failures.")] = 0,
     executor: Annotated[str, typer.Option(help="sim (cost model) or real (a pipeline).")] = "sim",
-    model: Annotated[str, typer.Option(help="Real: diffusers pipeline.")] = DEFAULT_MODEL,
-    scorer: Annotated[str, typer.Option(help="Real: CLIP scorer.")] = DEFAULT_SCORER,
-    device: Annotated[str, typer.Option(help="Real: cpu or cuda[:N].")] = "cpu",
-    precision: Annotated[str, typer.Option(help="Real: fp32, fp16 or bf16.")] = "fp32",
+    model: Annotated[str, typer.Option(help="Real: diffusers pipeline.")] = _SPEC.model,
+    scorer: Annotated[str, typer.Option(help="Real: CLIP scorer.")] = _SPEC.scorer,
+    device: Annotated[str, typer.Option(help="Real: cpu or cuda[:N].")] = _SPEC.device,
+    precision: Annotated[str, typer.Option(help="Real: fp32, fp16 or bf16.")] = _SPEC.precision,
     steps: Annotated[int | None, typer.Option(help="Real: denoising steps.")] = None,
     threshold: Annotated[float | None, typer.Option(help="Real: QA threshold.")] = None,
-    max_attempts: Annotated[int, typer.Option(help="Attempts per prompt in all.")] = 3,
+    max_attempts: Annotated[
+        int, typer.Option(help="Attempts per prompt in all.")
+    ] = _QA.max_attempts,
     compare_sim: Annotated[
         bool, typer.Option("--compare-sim", help="Real: replay each run in the simulator.")
     ] = False,
@@ -116,43 +106,27 @@ def bench_command(
             raise ConfigError(f"--executor must be sim or real, got {executor!r}")
         if compare_sim and executor != "real":
             raise ConfigError("--compare-sim needs --executor real")
-        if reference_every < 0:
-            raise ConfigError(f"--reference-every must be >= 0, got {reference_every}")
-        _check_real_options(executor, repeat, workers, stability_bound)
         bench = None
+        gate = QASettings(threshold, max_attempts, enabled=qa)
+        batching = Batching(max_batch_size=max_batch_size, max_queue_delay_s=max_queue_delay)
         if executor == "real":
-            from renderq.bench.realrun import RealSettings, load_bench
+            from renderq.bench.realrun import RealSettings, check_real_options, load_bench
 
+            check_real_options(repeat, workers, reference_every, stability_bound)
             given = None if profile == "article-sdxl-a100" else load_profile(profile)
-            settings = RealSettings(
-                model,
-                scorer,
-                device,
-                precision,
-                steps,
-                None,
-                threshold,
-                max_attempts,
-                max_batch_size or 16,
-                qa,
+            spec = ModelSpec(model, scorer, device, precision, steps)
+            bench, prof = load_bench(RealSettings(spec, batching, gate), given)
+        elif repeat != 1:
+            raise ConfigError(
+                f"--repeat {repeat} needs --executor real (a simulated round repeats exactly)"
             )
-            bench, prof = load_bench(settings, given)
         else:
             prof = load_profile(profile)
         limit = Limit.of(prof, max_batch_size)
         if scenario == "server" and rate is None:
             rate = capacity_rate(limit, load if load is not None else 0.5)
         scen = Scenario(scenario, requests, rate, p99_bound, seed)
-        policies = {
-            m: make_policy(
-                m,
-                max_batch_size=max_batch_size,
-                max_queue_delay_s=max_queue_delay,
-                preferred="",
-                windows=windows,
-            )
-            for m in parse_modes(modes)
-        }
+        policies = make_policies(modes, batching, windows)
         if bench is not None:
             from renderq.bench.realrun import run_real
 
@@ -161,9 +135,7 @@ def bench_command(
                 repeat=repeat, workers=workers, stability_bound=stability_bound,
             )  # fmt: skip
         else:
-            backend = sim_backend(
-                prof, qa=qa, workers=workers, seed=seed, max_attempts=max_attempts
-            )
+            backend = sim_backend(prof, qa=gate, workers=workers, seed=seed)
             runs = run_bench(backend, policies, scen, limit, _rates(failure_rates), workers)
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None

@@ -9,8 +9,8 @@ from pathlib import Path
 import typer
 
 from renderq.backends.calibrate import CALIBRATION_FILE, Calibration, LabelledImage
-from renderq.backends.registry import DEFAULT_SCORER
 from renderq.core.errors import RenderqError
+from renderq.core.settings import DEFAULT_SCORER
 
 
 def calibrate(

@@ -10,9 +10,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from renderq.backends.registry import DEFAULT_MODEL, DEFAULT_SCORER
 from renderq.core.cost import Profile
 from renderq.core.errors import ConfigError
+from renderq.core.settings import DEFAULT_MAX_BATCH_SIZE, ModelSpec
+
+_SPEC = ModelSpec()  # the shared defaults
 
 
 def _resolution(text: str | None) -> tuple[int, int] | None:
@@ -27,14 +29,14 @@ def _resolution(text: str | None) -> tuple[int, int] | None:
 
 def profile_command(
     model: Annotated[str, typer.Option(help="Diffusers pipeline: folder, hub id, embedded:*.")] = (
-        DEFAULT_MODEL
+        _SPEC.model
     ),
-    scorer: Annotated[str, typer.Option(help="CLIP scorer to profile alongside.")] = DEFAULT_SCORER,
-    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
-    precision: Annotated[str, typer.Option(help="fp32, fp16 or bf16.")] = "fp32",
-    steps: Annotated[int, typer.Option(help="Denoising steps.")] = 20,
+    scorer: Annotated[str, typer.Option(help="CLIP scorer to profile alongside.")] = _SPEC.scorer,
+    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = _SPEC.device,
+    precision: Annotated[str, typer.Option(help="fp32, fp16 or bf16.")] = _SPEC.precision,
+    steps: Annotated[int | None, typer.Option(help="Steps (default: the pipeline's).")] = None,
     resolution: Annotated[str | None, typer.Option(help="WxH; default: the model's.")] = None,
-    max_batch: Annotated[int, typer.Option(help="Largest batch size to try.")] = 16,
+    max_batch: Annotated[int, typer.Option(help="Largest batch to try.")] = DEFAULT_MAX_BATCH_SIZE,
     repeats: Annotated[int, typer.Option(help="Timed rounds over every size (median).")] = 3,
     warmup: Annotated[int, typer.Option(help="Untimed rounds over every size first.")] = 2,
     name: Annotated[str | None, typer.Option(help="Profile name.")] = None,
@@ -45,9 +47,8 @@ def profile_command(
 
     try:
         settings = ProfileSettings(
-            model=model, scorer=scorer, device=device, precision=precision, steps=steps,
-            resolution=_resolution(resolution), max_batch=max_batch, repeats=repeats,
-            warmup=warmup,
+            ModelSpec(model, scorer, device, precision, steps), _resolution(resolution),
+            max_batch, repeats, warmup,
         )  # fmt: skip
         doc = profile_model(settings, name)
         prof = Profile.from_dict(doc)

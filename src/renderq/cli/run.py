@@ -9,56 +9,52 @@ from pathlib import Path
 import typer
 
 from renderq.backends.calibrate import CALIBRATION_FILE, lookup, scale_name
-from renderq.backends.registry import (
-    DEFAULT_MODEL,
-    DEFAULT_SCORER,
-    model_defaults,
-    scorer_default_threshold,
-)
 from renderq.cli.progress import ProgressLines, progress_for
 from renderq.core.errors import RenderqError
-from renderq.core.qa import DEFAULT_MAX_ATTEMPTS
+from renderq.core.settings import Batching, ModelSpec, QASettings
 from renderq.jobs.summary import RunSummary
 
-DEFAULT_THRESHOLD = 0.25
-"""Cosine threshold used when none is given and none is calibrated for the scorer."""
+_SPEC, _BATCHING, _QA = ModelSpec(), Batching(), QASettings()  # the shared defaults
 
 
-def pick_threshold(calibration: Path, scorer: str, scale100: bool) -> float:
-    """The threshold when none is given: calibrated, else the scorer's own, else 0.25."""
-    found = lookup(calibration, scorer, scale_name(scale100))
-    if found is None:
-        found = scorer_default_threshold(scorer, scale100)
-    return DEFAULT_THRESHOLD if found is None else found
+def qa_settings(
+    threshold: float | None, max_attempts: int, calibration: Path, scorer: str, scale100: bool
+) -> QASettings:
+    """The gate: the threshold given, else the one calibrated for the scorer, else unset."""
+    if threshold is None:
+        threshold = lookup(calibration, scorer, scale_name(scale100))
+    return QASettings(threshold, max_attempts)
 
 
 def run(
     prompts: Path = typer.Argument(..., help="Text file (one prompt a line) or JSONL file."),
     out: Path = typer.Option(..., "--out", help="Output folder (re-run to resume)."),
-    mode: str = typer.Option("window", help="Batching: adhoc, dynamic or window."),
-    model: str = typer.Option(DEFAULT_MODEL, help="Pipeline: folder, hub id, embedded:*."),
-    scorer: str = typer.Option(DEFAULT_SCORER, help="CLIP model: folder, hub id, embedded:*."),
+    mode: str = typer.Option(_BATCHING.mode, help="Batching: adhoc, dynamic or window."),
+    model: str = typer.Option(_SPEC.model, help="Pipeline: folder, hub id, embedded:*."),
+    scorer: str = typer.Option(_SPEC.scorer, help="CLIP model: folder, hub id, embedded:*."),
     threshold: float = typer.Option(
         None, help="Accept scores >= this (default: calibrated, else the scorer's, else 0.25)."
     ),
     calibration: Path = typer.Option(Path(CALIBRATION_FILE), help="Calibration file to read."),
     max_attempts: int = typer.Option(
-        DEFAULT_MAX_ATTEMPTS, help="Renders per prompt in all, first one included."
+        _QA.max_attempts, help="Renders per prompt in all, first one included."
     ),
-    max_batch_size: int = typer.Option(16, help="Largest render batch."),
+    max_batch_size: int = typer.Option(_BATCHING.max_batch_size, help="Largest render batch."),
     steps: int = typer.Option(
         None, help="Denoising steps (default: the pipeline's, else 20; JSONL may set)."
     ),
     guidance: float = typer.Option(
         None, help="Guidance scale (default: the pipeline's own, else 7.5)."
     ),
-    device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
-    precision: str = typer.Option("fp32", help="fp32, fp16 or bf16."),
+    device: str = typer.Option(_SPEC.device, help="cpu or cuda[:N]."),
+    precision: str = typer.Option(_SPEC.precision, help="fp32, fp16 or bf16."),
     seed: int = typer.Option(0, help="Base seed; prompt i gets seed + i unless its line sets one."),
     clipscore_scale: bool = typer.Option(
         False, "--clipscore-scale", metavar="", help="Score as 100*max(cos, 0) instead of cosine."
     ),
-    max_queue_delay: float = typer.Option(0.5, help="Dynamic mode: longest wait for a batch, s."),
+    max_queue_delay: float = typer.Option(
+        _BATCHING.max_queue_delay_s, help="Dynamic mode: longest wait for a batch, s."
+    ),
     threads: int = typer.Option(
         0, help="CPU threads for torch (0: the cores that other work is not using at start)."
     ),
@@ -71,25 +67,14 @@ def run(
     from renderq.jobs.runner import RunSettings, run_job
 
     try:
-        default_steps, default_guidance = model_defaults(model)
-        if threshold is None:
-            threshold = pick_threshold(calibration, scorer, clipscore_scale)
         settings = RunSettings(
-            prompts=prompts,
-            out=out,
-            mode=mode,
-            model=model,
-            scorer=scorer,
-            threshold=threshold,
-            max_attempts=max_attempts,
-            max_batch_size=max_batch_size,
-            steps=default_steps if steps is None else steps,
-            guidance=default_guidance if guidance is None else guidance,
-            device=device,
-            precision=precision,
+            prompts,
+            out,
+            ModelSpec(model, scorer, device, precision, steps, guidance),
+            Batching(mode, max_batch_size, max_queue_delay),
+            qa_settings(threshold, max_attempts, calibration, scorer, clipscore_scale),
             seed=seed,
             scale100=clipscore_scale,
-            max_queue_delay_s=max_queue_delay,
         )
         quiet_libraries()
         if threads > 0 or device == "cpu":

@@ -71,14 +71,14 @@ def serve_command(
     if warning:
         typer.echo(f"renderq serve: {warning}", err=True)
     auth = f"{len(cfg.tokens)} API token(s)" if cfg.auth_enabled else "no auth (loopback only)"
-    on = cfg.device
+    on = cfg.spec.device
     try:
         from renderq.backends.diffusers import free_cores, quiet_libraries
     except ImportError:  # the null model needs no diffusers
         pass
     else:
         quiet_libraries()
-        if cfg.device == "cpu" and cfg.model != "null":
+        if cfg.spec.device == "cpu" and cfg.spec.model != "null":
             import torch
 
             # torch's default, a thread per core, oversubscribes a shared machine: its
@@ -86,7 +86,7 @@ def serve_command(
             n = cfg.threads or free_cores()
             torch.set_num_threads(n)
             on = f"cpu ({n} torch thread{'s' if n > 1 else ''})"
-    typer.echo(f"renderq serve: {cfg.model} on {on}, {auth}, jobs in {cfg.data_dir}", err=True)
+    typer.echo(f"renderq serve: {cfg.spec.model} on {on}, {auth}, jobs in {cfg.data_dir}", err=True)
     # A thread woken by another (the engine by a request, the event loop by an answer, the
     # render worker after each torch kernel) waits for the GIL until its holder's switch
     # interval runs out: 5 ms by default, about the whole of the service's own overhead.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from typing import Annotated, Any
 
 import typer
@@ -12,27 +13,19 @@ from rich.table import Table
 
 from renderq.core.errors import ConfigError
 from renderq.core.policies import Policy, Windows, parse_sizes
-from renderq.core.qa import DEFAULT_MAX_ATTEMPTS
-from renderq.core.settings import MODES, Batching
-from renderq.core.settings import make_policy as core_make_policy
+from renderq.core.settings import MODES, Batching, QASettings, make_policy
 from renderq.profiles import load_profile
 from renderq.runtime.arrivals import arrivals
 from renderq.runtime.sim import SimConfig, SimResult, simulate
 
+_BATCHING, _QA = Batching(), QASettings()  # the shared defaults
 
-def make_policy(
-    mode: str,
-    *,
-    max_batch_size: int | None,
-    max_queue_delay_s: float,
-    preferred: str,
-    windows: str,
-) -> Policy:
-    """Build the policy a mode name stands for, from command-line text."""
-    batching = Batching(
-        mode, max_batch_size, max_queue_delay_s, preferred=tuple(parse_sizes(preferred))
-    )
-    return core_make_policy(batching, Windows.parse(windows) if mode == "window" else None)
+
+def make_policies(modes: str, batching: Batching, windows: str) -> dict[str, Policy]:
+    """The policy of each mode named in ``modes`` over the same knobs, by mode."""
+    names = parse_modes(modes)
+    win = Windows.parse(windows) if "window" in names else None
+    return {m: make_policy(replace(batching, mode=m), win) for m in names}
 
 
 def parse_modes(text: str) -> list[str]:
@@ -93,9 +86,11 @@ def simulate_command(
     hard_share: Annotated[float, typer.Option(help="Share of prompts that never pass.")] = 0.0,
     max_attempts: Annotated[
         int, typer.Option(help="Attempts per prompt, first included.")
-    ] = DEFAULT_MAX_ATTEMPTS,
+    ] = _QA.max_attempts,
     max_batch_size: Annotated[int | None, typer.Option(help="Cap below the profile's.")] = None,
-    max_queue_delay: Annotated[float, typer.Option(help="Dynamic mode delay cap, s.")] = 0.5,
+    max_queue_delay: Annotated[
+        float, typer.Option(help="Dynamic mode delay cap, s.")
+    ] = _BATCHING.max_queue_delay_s,
     preferred_sizes: Annotated[str, typer.Option(help="Dynamic mode, e.g. 16,32,64.")] = "",
     windows: Annotated[
         str, typer.Option(help="Window mode: always | every=P,length=L | S-E,...")
@@ -112,21 +107,15 @@ def simulate_command(
     """Simulate each mode on the profile's cost curve and compare GPU-hours and latency."""
     try:
         prof = load_profile(profile)
-        policies = {
-            m: make_policy(
-                m,
-                max_batch_size=max_batch_size,
-                max_queue_delay_s=max_queue_delay,
-                preferred=preferred_sizes,
-                windows=windows,
-            )
-            for m in parse_modes(modes)
-        }
+        preferred = tuple(parse_sizes(preferred_sizes))
+        batching = Batching(max_batch_size=max_batch_size, max_queue_delay_s=max_queue_delay,
+                            preferred=preferred)  # fmt: skip
+        policies = make_policies(modes, batching, windows)
         arr = tuple(arrivals(arrival, renders, random.Random(seed)))
         cfg = SimConfig(
             prof, arr, failure_rate=failure_rate, hard_share=hard_share,
-            max_attempts=max_attempts, render_workers=workers, seed=seed, jitter=jitter,
-            deadline_s=deadline_s, price_per_hour=price_per_hour,
+            qa=QASettings(max_attempts=max_attempts), render_workers=workers, seed=seed,
+            jitter=jitter, deadline_s=deadline_s, price_per_hour=price_per_hour,
         )  # fmt: skip
         results = {m: simulate(p, cfg) for m, p in policies.items()}
     except ConfigError as exc:

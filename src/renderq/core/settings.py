@@ -1,39 +1,114 @@
 """The settings every shell shares, with one set of defaults, and the rules built from them.
 
-``renderq run``, ``simulate``, ``bench`` and ``serve`` read the same knobs under the
-same names; this module holds their defaults, validates them once, and turns them into
-the core's objects: :func:`make_policy` (mode name to batching policy), :func:`key_for`
-(the batch key of a request, with the classifier-free guidance rule written once) and
-:func:`request_seeds`.
+Every command and the service compose three frozen values, each validated once with an
+error that names the flag and the bad value: :class:`ModelSpec` (what renders and scores,
+where), :class:`Batching` (how batches are cut), :class:`QASettings` (the gate). Unset
+steps, guidance and threshold are the model's own, filled by the shell from the loaded
+pipeline and scorer. :func:`make_policy` (mode name to policy), :func:`key_for` (the batch
+key, with the classifier-free guidance rule written once) and :func:`request_seeds` turn
+settings into the core's objects.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from renderq.core.errors import ConfigError
 from renderq.core.policies import DEFAULT_MAX_QUEUE_DELAY_S, AdHoc, Dynamic, Policy, Window, Windows
+from renderq.core.qa import DEFAULT_MAX_ATTEMPTS, QAPolicy
 from renderq.core.seeds import MAX_SEED
 from renderq.core.types import BatchKey
-
-__all__ = [
-    "DEFAULT_MAX_BATCH_SIZE",
-    "DEFAULT_MAX_QUEUE_DELAY_S",
-    "DEFAULT_SCORE_BATCH_SIZE",
-    "MODES",
-    "Batching",
-    "key_for",
-    "make_policy",
-    "request_seeds",
-    "uses_cfg",
-]
 
 MODES: tuple[str, ...] = ("adhoc", "dynamic", "window")
 """Batching modes by name: one request at a time, Triton-style dynamic, offline windows."""
 
 DEFAULT_MAX_BATCH_SIZE = 16
 DEFAULT_SCORE_BATCH_SIZE = 32
+
+DEFAULT_MODEL = "embedded:mini-sd"
+"""The text-to-image model every command uses unless told otherwise."""
+
+DEFAULT_SCORER = "embedded:clip"
+"""The CLIP scorer every command uses unless told otherwise."""
+
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
+
+FALLBACK_THRESHOLD = 0.25
+"""The cosine threshold when none is given and the scorer has none calibrated or shipped."""
+
+_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """What renders and scores, on which device and precision, and how.
+
+    ``model`` and ``scorer`` are a folder, a hub id or ``embedded:*``. ``steps`` and
+    ``guidance`` of None are the pipeline's own (see :meth:`resolve`).
+    """
+
+    model: str = DEFAULT_MODEL
+    scorer: str = DEFAULT_SCORER
+    device: str = "cpu"
+    precision: str = "fp32"
+    steps: int | None = None
+    guidance: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("model", "scorer"):
+            if not getattr(self, name):
+                raise ConfigError(f"--{name} must name a model, got {getattr(self, name)!r}")
+        if not _DEVICE.fullmatch(self.device):
+            raise ConfigError(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(
+                f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
+            )
+        if self.steps is not None and self.steps < 1:
+            raise ConfigError(f"--steps must be >= 1, got {self.steps}")
+        if self.guidance is not None and not (math.isfinite(self.guidance) and self.guidance >= 0):
+            raise ConfigError(f"--guidance must be a number >= 0, got {self.guidance}")
+
+    def resolve(self, steps: int, guidance: float) -> tuple[int, float]:
+        """The steps and guidance to render at: those set here, else the pipeline's given."""
+        return (
+            steps if self.steps is None else self.steps,
+            guidance if self.guidance is None else self.guidance,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class QASettings:
+    """The quality gate: the CLIP threshold, renders per prompt in all, on or off.
+
+    ``threshold`` of None is the scorer's calibrated one (see :meth:`policy`);
+    ``max_attempts`` counts the first render, so 1 means "never regenerate".
+    """
+
+    threshold: float | None = None
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ConfigError(f"--max-attempts must be >= 1, got {self.max_attempts}")
+        if self.threshold is not None and not math.isfinite(self.threshold):
+            raise ConfigError(f"--threshold must be a finite number, got {self.threshold}")
+
+    def with_threshold(self, calibrated: float | None) -> QASettings:
+        """Threshold given, else ``calibrated`` (the scorer's own), else the fallback."""
+        if self.threshold is not None:
+            return self
+        return replace(self, threshold=FALLBACK_THRESHOLD if calibrated is None else calibrated)
+
+    def policy(self, calibrated: float | None = None) -> QAPolicy:
+        """The core's QA decision for these settings (threshold by :meth:`with_threshold`)."""
+        threshold = self.with_threshold(calibrated).threshold
+        assert threshold is not None  # with_threshold always sets one
+        return QAPolicy(threshold, self.max_attempts, self.enabled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +121,7 @@ class Batching:
     ``preferred`` are batch sizes the dynamic mode cuts at without waiting.
     """
 
-    mode: str = "window"
+    mode: str = "window"  # a bulk job has every prompt up front: it waits for full batches
     max_batch_size: int | None = DEFAULT_MAX_BATCH_SIZE
     max_queue_delay_s: float = DEFAULT_MAX_QUEUE_DELAY_S
     score_batch_size: int = DEFAULT_SCORE_BATCH_SIZE
@@ -61,6 +136,12 @@ class Batching:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
         if not self.max_queue_delay_s >= 0:
             raise ConfigError(f"--max-queue-delay must be >= 0, got {self.max_queue_delay_s}")
+
+
+INTERACTIVE = Batching("dynamic", max_batch_size=8, max_queue_delay_s=0.05)
+"""The service's batching. A caller waits on each answer, so a batch leaves after at most
+50 ms (a bulk run waits 0.5 s for fuller ones) and holds at most 8 images, so one batch's
+render time does not stretch a single request's latency; see docs/serve.md."""
 
 
 def make_policy(batching: Batching, windows: Windows | None = None) -> Policy:

@@ -21,35 +21,26 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from renderq.backends.clip import ClipScorer
 from renderq.backends.diffusers import DiffusersExecutor
 from renderq.backends.registry import (
-    DEFAULT_MODEL,
-    DEFAULT_SCORER,
     fingerprint,
+    model_defaults,
     resolve,
+    scorer_default_threshold,
     vocabulary_notice,
 )
 from renderq.core.errors import ConfigError, StorageError
 from renderq.core.events import Accepted, Escalated, Regenerating
 from renderq.core.ledger import Ledger
-from renderq.core.policies import Policy
 from renderq.core.protocols import Scorer
-from renderq.core.qa import DEFAULT_MAX_ATTEMPTS, QAPolicy
 from renderq.core.scheduler import Scheduler
 from renderq.core.seeds import MAX_SEED, seed_for
-from renderq.core.settings import (
-    DEFAULT_MAX_BATCH_SIZE,
-    DEFAULT_MAX_QUEUE_DELAY_S,
-    DEFAULT_SCORE_BATCH_SIZE,
-    Batching,
-    key_for,
-    make_policy,
-)
+from renderq.core.settings import Batching, ModelSpec, QASettings, key_for, make_policy
 from renderq.core.types import Batch, Request, Stage
 from renderq.jobs.prompts import PromptSpec, file_digest, generated_id, read_prompts
 from renderq.jobs.summary import Progress, RunSummary, summarise
@@ -70,61 +61,48 @@ STORE_NAME = "renderq.sqlite"
 
 @dataclass(frozen=True, slots=True)
 class RunSettings:
-    """Everything ``renderq run`` takes on its command line."""
+    """Everything ``renderq run`` takes on its command line.
+
+    Unset steps, guidance and threshold are the model's own: :meth:`resolved` fills them
+    (``run_job`` does, before anything is rendered or stored).
+    """
 
     prompts: Path
     out: Path
-    mode: str = "window"
-    model: str = DEFAULT_MODEL
-    scorer: str = DEFAULT_SCORER
-    threshold: float = 0.25
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
-    steps: int = 20
-    guidance: float = 7.5
-    device: str = "cpu"
-    precision: str = "fp32"
+    spec: ModelSpec = field(default_factory=ModelSpec)
+    batching: Batching = field(default_factory=Batching)
+    qa: QASettings = field(default_factory=QASettings)
     seed: int = 0
     scale100: bool = False
-    max_queue_delay_s: float = DEFAULT_MAX_QUEUE_DELAY_S
-    score_batch_size: int = DEFAULT_SCORE_BATCH_SIZE
 
     def __post_init__(self) -> None:
-        self.batching()  # validates mode, batch sizes and the queue delay
-        for name in ("max_attempts", "steps"):
-            if getattr(self, name) < 1:
-                raise ConfigError(
-                    f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}"
-                )
         if not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"--seed must be from 0 to {MAX_SEED}, got {self.seed}")
 
+    def resolved(self) -> RunSettings:
+        """These settings with the pipeline's steps and guidance and the scorer's threshold."""
+        steps, guidance = self.spec.resolve(*model_defaults(self.spec.model))
+        spec = replace(self.spec, steps=steps, guidance=guidance)
+        shipped = scorer_default_threshold(self.spec.scorer, self.scale100)
+        return replace(self, spec=spec, qa=self.qa.with_threshold(shipped))
+
     def identity(self, digest: str) -> dict[str, Any]:
         """The settings that decide the images and verdicts: a resumed job must match them."""
+        spec, qa = self.spec, self.qa
         return {
             "prompts_sha256": digest,
-            "model": self.model,
-            "model_fingerprint": fingerprint(self.model),
-            "scorer": self.scorer,
-            "scorer_fingerprint": fingerprint(self.scorer),
-            "threshold": self.threshold,
-            "max_attempts": self.max_attempts,
-            "steps": self.steps,
-            "guidance": self.guidance,
-            "precision": self.precision,
+            "model": spec.model,
+            "model_fingerprint": fingerprint(spec.model),
+            "scorer": spec.scorer,
+            "scorer_fingerprint": fingerprint(spec.scorer),
+            "threshold": qa.threshold,
+            "max_attempts": qa.max_attempts,
+            "steps": spec.steps,
+            "guidance": spec.guidance,
+            "precision": spec.precision,
             "seed": self.seed,
             "scale100": self.scale100,
         }
-
-    def batching(self) -> Batching:
-        """The batching settings of this run."""
-        return Batching(
-            self.mode, self.max_batch_size, self.max_queue_delay_s, self.score_batch_size
-        )
-
-    def policy(self) -> Policy:
-        """The batching policy of ``mode``."""
-        return make_policy(self.batching())
 
 
 @dataclass(slots=True)
@@ -315,7 +293,7 @@ def build_prompt_rows(
         spec = {
             "width": w,
             "height": h,
-            "steps": s.steps or settings.steps,
+            "steps": s.steps or settings.spec.steps,
             "negative_prompt": s.negative_prompt,
             "prompt_bucket": length.bucket,
             "truncated": list(length.truncated),
@@ -336,7 +314,7 @@ def input_notices(
 ) -> list[str]:
     """What the user should know about the prompts before they render (not errors)."""
     notices = []
-    vocab = vocabulary_notice(settings.model, [(s.line, s.prompt) for s in specs])
+    vocab = vocabulary_notice(settings.spec.model, [(s.line, s.prompt) for s in specs])
     if vocab is not None:
         notices.append(vocab)
     cut = [(s, r) for s, r in zip(specs, rows, strict=True) if r.spec["truncated"]]
@@ -352,11 +330,12 @@ def input_notices(
     return notices
 
 
-def _request(row: StoredRequest, attempt: int, settings: RunSettings, executor: Any) -> Request:
-    spec = row.prompt.spec
+def _request(row: StoredRequest, attempt: int, model_spec: ModelSpec, executor: Any) -> Request:
+    spec, guidance = row.prompt.spec, model_spec.guidance
+    assert guidance is not None, "run_job resolves the settings first"
     key = key_for(
-        settings.model, spec["width"], spec["height"], spec["steps"], settings.guidance,
-        executor.sampler, settings.precision, executor.device_class,
+        model_spec.model, spec["width"], spec["height"], spec["steps"], guidance,
+        executor.sampler, model_spec.precision, executor.device_class,
         int(spec.get("prompt_bucket", 0)),
     )  # fmt: skip
     return Request(
@@ -365,7 +344,7 @@ def _request(row: StoredRequest, attempt: int, settings: RunSettings, executor: 
         key=key,
         base_seed=row.prompt.base_seed,
         attempt=attempt,
-        guidance_scale=settings.guidance,
+        guidance_scale=guidance,
         negative_prompt=spec["negative_prompt"],
     )
 
@@ -408,7 +387,8 @@ def run_job(
     encoder will truncate).
     """
     specs = read_prompts(settings.prompts)
-    policy = settings.policy()
+    settings = settings.resolved()
+    spec = settings.spec
     with storage_errors(settings.out):
         if settings.out.exists() and not settings.out.is_dir():
             raise NotADirectoryError(20, "it exists and is not a folder", str(settings.out))
@@ -423,39 +403,29 @@ def run_job(
             stored = store.job_config()
             if stored is not None:
                 check_config(stored, wanted, settings.out)
-            executor = executor or _load_executor(settings)
+            executor = executor or DiffusersExecutor.load(
+                resolve(spec.model), device=spec.device, precision=spec.precision, name=spec.model
+            )
             rows = build_prompt_rows(specs, settings, executor)
             if warn is not None:
                 for notice in input_notices(settings, specs, rows):
                     warn(notice)
             scorer = scorer or ClipScorer.load(
-                resolve(settings.scorer),
-                device=settings.device,
-                scale100=settings.scale100,
-                name=settings.scorer,
-            )
+                resolve(spec.scorer), device=spec.device, scale100=settings.scale100,
+                name=spec.scorer,
+            )  # fmt: skip
             if stored is None:
                 with storage_errors(settings.out):
                     store.create_job(wanted, rows)
-            return _drive(settings, policy, store, executor, scorer, on_progress)
+            return _drive(settings, store, executor, scorer, on_progress)
         finally:
             store.close()
     finally:
         lock.release()
 
 
-def _load_executor(settings: RunSettings) -> DiffusersExecutor:
-    return DiffusersExecutor.load(
-        resolve(settings.model),
-        device=settings.device,
-        precision=settings.precision,
-        name=settings.model,
-    )
-
-
 def _drive(
     settings: RunSettings,
-    policy: Policy,
     store: JobStore,
     executor: DiffusersExecutor,
     scorer: Scorer,
@@ -466,9 +436,8 @@ def _drive(
         writer = DatasetWriter(settings.out)
         run, todo = _begin_run(settings, store, writer)
     sched = Scheduler(
-        policy,
-        qa=QAPolicy(threshold=settings.threshold, max_attempts=settings.max_attempts),
-        default_cap=settings.max_batch_size,
+        make_policy(settings.batching),
+        qa=settings.qa.policy(),
         ledger=restore_ledger(store),
     )
     with storage_errors(settings.out):
@@ -484,7 +453,7 @@ def _drive(
         store,
         writer,
         run,
-        settings.scorer,
+        settings.spec.scorer,
         prompts,
         progress,
         config,
@@ -493,11 +462,11 @@ def _drive(
     )
     engine = RealtimeEngine(
         sched, {executor.device_class: executor}, scorer, listener,
-        score_batch_size=settings.score_batch_size,
+        score_batch_size=settings.batching.score_batch_size,
     )  # fmt: skip
     for row in all_rows:
         if row.prompt.id in todo:
-            engine.submit(_request(row, todo[row.prompt.id], settings, executor))
+            engine.submit(_request(row, todo[row.prompt.id], settings.spec, executor))
     if on_progress is not None:
         on_progress(progress)
     engine.run()
@@ -509,7 +478,7 @@ def _drive(
     wall = time.monotonic() - started
     share, threads = _cpu_share(executor, scorer)
     return summarise(
-        settings.mode, str(settings.out), store, report, listener.batch_sizes, wall,
+        settings.batching.mode, str(settings.out), store, report, listener.batch_sizes, wall,
         submitted=len(todo), cpu_share=share, threads=threads,
     )  # fmt: skip
 
@@ -528,10 +497,10 @@ def _begin_run(
     settings: RunSettings, store: JobStore, writer: DatasetWriter
 ) -> tuple[int, dict[str, int]]:
     """Record the run, settle what a crash left behind, and say what to submit."""
-    run = store.start_run(os.getpid(), settings.mode)
-    todo, exhausted = resume_points(store, settings.max_attempts)
+    run = store.start_run(os.getpid(), settings.batching.mode)
+    todo, exhausted = resume_points(store, settings.qa.max_attempts)
     if exhausted:
-        last = settings.max_attempts - 1
+        last = settings.qa.max_attempts - 1
         store.commit_step(run, [], [Outcome(r, "escalated", last) for r in exhausted], [])
     refresh_views(store, writer)
     return run, todo

@@ -26,9 +26,9 @@ from renderq.core.errors import ConfigError, Stalled
 from renderq.core.events import Accepted, Cancelled, Escalated, Event, ToScore
 from renderq.core.ledger import LedgerReport
 from renderq.core.policies import Policy
-from renderq.core.qa import DEFAULT_MAX_ATTEMPTS, QAPolicy
 from renderq.core.scheduler import Scheduler
 from renderq.core.score_stage import ScoreStage, score_cap
+from renderq.core.settings import QASettings
 from renderq.core.stats import percentile
 from renderq.core.types import TERMINAL, Batch, BatchKey, Request, RequestState, ScoreResult
 from renderq.runtime.arrivals import Arrival
@@ -44,18 +44,17 @@ class SimConfig:
     arrivals: tuple[Arrival, ...]
     failure_rate: float = 0.08
     hard_share: float = 0.0
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    #: The gate; an unset threshold is the fallback (the simulated scorer scores around it).
+    qa: QASettings = field(default_factory=QASettings)
     render_workers: int = 1
     seed: int = 0
     jitter: float = 0.0
     deadline_s: float | None = None
     max_queue_per_key: int | None = None
     price_per_hour: float | None = None
-    threshold: float = 0.25
     #: Closed loop (MLPerf single-stream when 1): this many requests outstanding, the next
     #: one submitted the moment one finishes; arrival times are then ignored.
     streams: int | None = None
-    qa: bool = True
     #: Replayed QA outcomes ``(request id, attempt) -> passed`` (see SimulatedScorer).
     outcomes: Mapping[tuple[str, int], bool] | None = None
     #: Scoring batch cap (the real engine's ``score_batch_size``); default: the profile's.
@@ -209,7 +208,7 @@ class _Loop:
         job = self.scoring.take({dc: self.free}, {dc: self.cfg.render_workers})
         if job is not None:
             reqs = job.requests
-            if self.cfg.qa:
+            if self.cfg.qa.enabled:
                 result = self.scorer.score(reqs)
                 held = result.device_seconds + self.cfg.score_overhead_s
             else:  # no gate: nothing is scored, nothing costs scorer time
@@ -276,9 +275,10 @@ def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
     """Run one mode over the configured arrivals; the same inputs give the same result."""
     profile = cfg.profile
     key = profile_key(profile)
+    qa = cfg.qa.policy()
     sched = Scheduler(
         policy,
-        qa=QAPolicy(threshold=cfg.threshold, max_attempts=cfg.max_attempts, enabled=cfg.qa),
+        qa=qa,
         cost=lambda k: profile.render if k == key else None,
         admission=AdmissionConfig(cfg.max_queue_per_key, cfg.render_workers),
     )
@@ -293,7 +293,7 @@ def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
             cfg.seed,
             cfg.failure_rate,
             cfg.hard_share,
-            cfg.threshold,
+            qa.threshold,
             cfg.outcomes,
         ),
         ScoreStage(
@@ -327,7 +327,7 @@ def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
         for req in requests[: cfg.streams]:
             loop.push(0.0, _ARRIVE, req)
     now = 0.0
-    guard = _ProgressGuard(len(requests) * cfg.max_attempts)
+    guard = _ProgressGuard(len(requests) * qa.max_attempts)
     while loop.heap:
         now, _, kind, payload = heapq.heappop(loop.heap)
         loop.handle(now, kind, payload)

@@ -192,8 +192,10 @@ def create_app(service: RenderService) -> FastAPI:
     @app.post("/v1/images/generations", response_model=GenerationResponse, responses=_ERRORS)
     async def generate(body: GenerationRequest, who: Tenant) -> Response:
         """Render ``n`` images of one prompt, gated by CLIP unless ``qa`` is false."""
-        if body.model is not None and body.model != cfg.model:
-            raise ConfigError(f"model {body.model!r} is not served here; this serves {cfg.model!r}")
+        if body.model is not None and body.model != cfg.spec.model:
+            raise ConfigError(
+                f"model {body.model!r} is not served here; this serves {cfg.spec.model!r}"
+            )
         reqs = service.build_requests(
             who,
             prompt=body.prompt,
@@ -287,7 +289,7 @@ def create_app(service: RenderService) -> FastAPI:
     async def readyz() -> JSONResponse:
         """The model is loaded and the service admits work."""
         if service.ready.is_set() and not service.draining:
-            return JSONResponse({"status": "ready", "model": cfg.model})
+            return JSONResponse({"status": "ready", "model": cfg.spec.model})
         if service.draining:
             return _error(503, "draining", "the service is shutting down; retry elsewhere")
         return _error(503, "not_ready", service.load_error or "loading the model")

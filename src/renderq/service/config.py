@@ -10,7 +10,7 @@ A config file looks like::
     model = "embedded:mini-sd"
     scorer = "embedded:clip"
     device = "cpu"
-    steps = 20
+    steps = 20           # unset: the pipeline's own
     threads = 0          # torch CPU threads; 0: the cores other work leaves free
 
     [batching]
@@ -25,6 +25,10 @@ A config file looks like::
 
     [limits]
     max_body_bytes = 8388608
+
+The model, batching and QA keys (also ``precision``, ``guidance``, ``threshold``,
+``max_attempts``, ``score_batch_size``) fill the settings every command shares
+(``renderq.core.settings``), checked there; the batching defaults are the interactive ones.
 
 ``RENDERQ_API_TOKENS`` adds tokens, comma-separated, each ``token`` or ``tenant:token``.
 A token of a tenant named in ``admin_tenants`` is an admin token: ``/v1/stats`` shows it
@@ -42,31 +46,27 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from renderq.backends.registry import DEFAULT_MODEL, DEFAULT_SCORER
 from renderq.core.errors import ConfigError
+from renderq.core.settings import INTERACTIVE, Batching, ModelSpec, QASettings
 
 TOKENS_ENV = "RENDERQ_API_TOKENS"
 
 
 @dataclass(frozen=True, slots=True)
 class ServiceConfig:
-    """Everything ``renderq serve`` needs; see the module docstring for the file format."""
+    """Everything ``renderq serve`` needs; see the module docstring for the file format.
+
+    ``spec``, ``batching`` and ``qa`` are the settings every command shares; the service
+    batches dynamically with its own, interactive, defaults (:data:`INTERACTIVE`).
+    """
 
     host: str = "127.0.0.1"
     port: int = 8000
     data_dir: Path = Path("renderq-data")
-    model: str = DEFAULT_MODEL
-    scorer: str = DEFAULT_SCORER
-    device: str = "cpu"
-    precision: str = "fp32"
-    steps: int | None = None
-    guidance: float | None = None
-    threshold: float | None = None
-    max_attempts: int = 3
-    max_batch_size: int = 8
-    max_queue_delay_s: float = 0.05
+    spec: ModelSpec = field(default_factory=ModelSpec)
+    batching: Batching = INTERACTIVE
+    qa: QASettings = field(default_factory=QASettings)
     max_queue_per_key: int = 256
-    score_batch_size: int = 32
     max_n: int = 8
     max_steps: int = 100
     max_job_prompts: int = 10_000
@@ -78,15 +78,11 @@ class ServiceConfig:
     profile: str | None = None
 
     def __post_init__(self) -> None:
-        for name in (
-            "max_attempts",
-            "max_batch_size",
-            "max_queue_per_key",
-            "max_n",
-            "max_steps",
-            "score_batch_size",
-            "max_job_prompts",
-        ):
+        if self.batching.mode != "dynamic" or self.batching.max_batch_size is None:
+            raise ConfigError(
+                f"the service batches dynamically with a max_batch_size, got {self.batching}"
+            )
+        for name in ("max_queue_per_key", "max_n", "max_steps", "max_job_prompts"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.port <= 65535:
@@ -110,6 +106,12 @@ class ServiceConfig:
                 f"admin_tenants {', '.join(map(repr, unknown))} have no token in [auth] tokens "
                 f"or {TOKENS_ENV}"
             )
+
+    @property
+    def render_cap(self) -> int:
+        """The largest render batch (always set here: the warm-up measures it)."""
+        assert self.batching.max_batch_size is not None  # checked in __post_init__
+        return self.batching.max_batch_size
 
     @property
     def auth_enabled(self) -> bool:
@@ -156,6 +158,11 @@ def parse_env_tokens(text: str) -> dict[str, str]:
 
 
 _SECTIONS = ("model", "batching", "auth", "limits")
+#: The shared settings' keys, flat in the file as on the command line.
+_SPEC = tuple(f.name for f in fields(ModelSpec))
+_BATCHING = ("max_batch_size", "max_queue_delay_s", "score_batch_size")
+_QA = ("threshold", "max_attempts")
+_SHARED = ("spec", "batching", "qa")
 
 
 def load_config(
@@ -175,10 +182,11 @@ def load_config(
                 data.update(value)
             else:
                 data[key] = value
-    known = {f.name for f in fields(ServiceConfig)}
+    known = {f.name for f in fields(ServiceConfig)} - set(_SHARED) | {*_SPEC, *_BATCHING, *_QA}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"unknown config setting(s) {', '.join(map(repr, unknown))}")
+    data.update({k: v for k, v in overrides.items() if v is not None})
     tokens = {str(k): str(v) for k, v in dict(data.pop("tokens", {})).items()}
     environ = os.environ if env is None else env
     tokens.update(parse_env_tokens(environ.get(TOKENS_ENV, "")))
@@ -189,8 +197,11 @@ def load_config(
         if not isinstance(admins, list) or not all(isinstance(a, str) for a in admins):
             raise ConfigError(f"admin_tenants must be a list of tenant names, got {admins!r}")
         data["admin_tenants"] = tuple(admins)
+    shared = [{k: data.pop(k) for k in keys if k in data} for keys in (_SPEC, _BATCHING, _QA)]
     try:
-        cfg = ServiceConfig(tokens=tokens, **data)
+        return ServiceConfig(
+            spec=ModelSpec(**shared[0]), batching=replace(INTERACTIVE, **shared[1]),
+            qa=QASettings(**shared[2]), tokens=tokens, **data,
+        )  # fmt: skip
     except TypeError as exc:
         raise ConfigError(f"bad config: {exc}") from None
-    return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})

@@ -20,10 +20,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from renderq.backends.registry import DEFAULT_SCORER
 from renderq.core.events import Event
 from renderq.core.ledger import shares_by
 from renderq.core.seeds import seed_for
+from renderq.core.settings import DEFAULT_SCORER
 from renderq.core.types import Batch, BatchKey, Request
 from renderq.core.windows import Windows
 from renderq.jobs.runner import STORE_NAME, JobListener, restore_ledger, resume_points

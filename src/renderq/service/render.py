@@ -28,10 +28,10 @@ from renderq.core.cost import LatencyCurve, StageCost
 from renderq.core.errors import ConfigError, UnknownRequest
 from renderq.core.events import Accepted, Cancelled, Escalated, Event, Regenerating
 from renderq.core.ledger import shares_by
-from renderq.core.policies import Dynamic
 from renderq.core.protocols import Executor, Scorer
 from renderq.core.qa import QAPolicy
 from renderq.core.scheduler import Scheduler
+from renderq.core.settings import make_policy
 from renderq.core.stats import percentile
 from renderq.core.types import TERMINAL, Batch, BatchKey, Request, RequestState
 from renderq.runtime.realtime import RealtimeEngine, Step
@@ -153,12 +153,12 @@ class RenderService:
         try:
             executor, scorer, self.defaults = self._load(self.config)
             self._executor = executor
-            cost = warm_up(executor, self.defaults, self.config.max_batch_size)
+            cost = warm_up(executor, self.defaults, self.config.render_cap)
             best = cost.best_size(cost.max_size)
             self.capacity = best / cost.latency(best)
             self._sched = Scheduler(
-                Dynamic(self.config.max_queue_delay_s, self.config.max_batch_size),
-                qa=QAPolicy(self.defaults.threshold, self.config.max_attempts),
+                make_policy(self.config.batching),
+                qa=QAPolicy(self.defaults.threshold, self.config.qa.max_attempts),
                 cost=lambda key: scaled_cost(cost, key, self.defaults),  # type: ignore[arg-type]
                 admission=AdmissionConfig(self.config.max_queue_per_key, 1),
             )
@@ -167,7 +167,7 @@ class RenderService:
                 {executor.device_class: executor},
                 scorer,
                 _Listener(self),
-                score_batch_size=self.config.score_batch_size,
+                score_batch_size=self.config.batching.score_batch_size,
             )
             self._thread = threading.Thread(
                 target=lambda: self._engine.run(until_idle=False),  # type: ignore[union-attr]
@@ -333,7 +333,7 @@ class RenderService:
                 mode=mode,
                 windows=windows,
                 config=self._job_config(guidance),
-                max_attempts=self.config.max_attempts,
+                max_attempts=self.config.qa.max_attempts,
             )
             self._submit_job(job, now)
             return job.id
@@ -426,7 +426,8 @@ class RenderService:
         self._call(resume).result(timeout=300)
 
     def _job_config(self, guidance: float) -> dict[str, Any]:
-        return {"model": self.config.model, "scorer": self.config.scorer, "guidance": guidance}
+        spec = self.config.spec
+        return {"model": spec.model, "scorer": spec.scorer, "guidance": guidance}
 
     def _cancel_queued_bulk(self, now: float) -> int:
         """Drop queued and waiting bulk prompts (they stay pending in their job stores)."""
@@ -659,14 +660,14 @@ class RenderService:
         """The batch key of a request to the served model."""
         d = self._defaults()
         return BatchKey(
-            self.config.model,
+            self.config.spec.model,
             width,
             height,
             steps,
             guidance > 1.0,
             d.sampler,
-            self.config.precision,
-            self._executor.device_class if self._executor else self.config.device,
+            self.config.spec.precision,
+            self._executor.device_class if self._executor else self.config.spec.device,
         )
 
     def _busy(self) -> int:
@@ -716,27 +717,19 @@ def load_models(config: ServiceConfig) -> tuple[Executor, Scorer, Defaults]:
     from renderq.backends.diffusers import DiffusersExecutor
     from renderq.backends.null import NULL_MODEL, NullExecutor, NullScorer
 
-    if config.model == NULL_MODEL:  # pure service overhead: instant blank images
+    spec = config.spec
+    if spec.model == NULL_MODEL:  # pure service overhead: instant blank images
         null = NullExecutor()
         return null, NullScorer(), Defaults(null.size, null.size, 1, 0.0, 0.0, null.sampler)
 
     executor = DiffusersExecutor.load(
-        resolve(config.model), device=config.device, precision=config.precision, name=config.model
+        resolve(spec.model), device=spec.device, precision=spec.precision, name=spec.model
     )
-    scorer = ClipScorer.load(resolve(config.scorer), device=config.device, name=config.scorer)
+    scorer = ClipScorer.load(resolve(spec.scorer), device=spec.device, name=spec.scorer)
     width, height = executor.default_size()
-    steps, guidance = model_defaults(config.model)
-    threshold = config.threshold
-    if threshold is None:
-        threshold = scorer_default_threshold(config.scorer)
-    defaults = Defaults(
-        width,
-        height,
-        config.steps or steps,
-        guidance if config.guidance is None else config.guidance,
-        0.25 if threshold is None else threshold,
-        executor.sampler,
-    )
+    steps, guidance = spec.resolve(*model_defaults(spec.model))
+    threshold = config.qa.policy(scorer_default_threshold(spec.scorer)).threshold
+    defaults = Defaults(width, height, steps, guidance, threshold, executor.sampler)
     return executor, scorer, defaults
 
 
