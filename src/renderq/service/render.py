@@ -27,10 +27,10 @@ from renderq.core.admission import AdmissionConfig
 from renderq.core.cost import LatencyCurve, StageCost
 from renderq.core.errors import ConfigError, UnknownRequest
 from renderq.core.events import Accepted, Cancelled, Escalated, Event, Regenerating
-from renderq.core.policies import Dynamic
 from renderq.core.protocols import Executor, Scorer
 from renderq.core.qa import QAPolicy
 from renderq.core.scheduler import Scheduler
+from renderq.core.settings import Batching, key_for, make_policy
 from renderq.core.stats import percentile
 from renderq.core.types import TERMINAL, Batch, BatchKey, Request, RequestState
 from renderq.runtime.realtime import RealtimeEngine, Step
@@ -155,8 +155,14 @@ class RenderService:
             cost = warm_up(executor, self.defaults, self.config.max_batch_size)
             best = cost.best_size(cost.max_size)
             self.capacity = best / cost.latency(best)
+            batching = Batching(
+                "dynamic",
+                self.config.max_batch_size,
+                self.config.max_queue_delay_s,
+                self.config.score_batch_size,
+            )
             self._sched = Scheduler(
-                Dynamic(self.config.max_queue_delay_s, self.config.max_batch_size),
+                make_policy(batching),
                 qa=QAPolicy(self.defaults.threshold, self.config.max_attempts),
                 cost=lambda key: scaled_cost(cost, key, self.defaults),  # type: ignore[arg-type]
                 admission=AdmissionConfig(self.config.max_queue_per_key, 1),
@@ -166,7 +172,7 @@ class RenderService:
                 {executor.device_class: executor},
                 scorer,
                 _Listener(self),
-                score_batch_size=self.config.score_batch_size,
+                score_batch_size=batching.score_batch_size,
             )
             self._thread = threading.Thread(
                 target=lambda: self._engine.run(until_idle=False),  # type: ignore[union-attr]
@@ -221,7 +227,9 @@ class RenderService:
         """The requests for one generation call (validated against the loaded model)."""
         if n > self.config.max_n:
             raise ConfigError(f"n must be at most {self.config.max_n}, got {n}")
-        key, guidance = self._key_of(opts)
+        negative = opts.get("negative_prompt") or ""
+        plain, guidance = self._key_of(opts)
+        key, _ = self.prompt_key(plain, prompt, negative)
         seed = opts.get("seed")
         base = seed if seed is not None else int.from_bytes(os.urandom(6), "big")
         rid = f"i{self._nonce}-{next(self._ids)}"
@@ -233,7 +241,7 @@ class RenderService:
                 base_seed=base + i,
                 priority=INTERACTIVE_PRIORITY + int(opts.get("priority") or 0),
                 guidance_scale=guidance,
-                negative_prompt=opts.get("negative_prompt") or "",
+                negative_prompt=negative,
                 tenant=tenant,
                 qa=bool(opts.get("qa", True)),
             )
@@ -317,6 +325,13 @@ class RenderService:
                 f"a job holds at most {self.config.max_job_prompts} prompts, got {len(prompts)}"
             )
         key, guidance = self._key_of(opts)
+        lengths = []
+        for i, (text, _seed, negative) in enumerate(prompts):
+            try:
+                bucketed, truncated = self.prompt_key(key, text, negative)
+            except ConfigError as exc:
+                raise ConfigError(f"prompt {i}: {exc}") from None
+            lengths.append({"prompt_bucket": bucketed.prompt_bucket, "truncated": truncated})
         if self.draining:
             self._refuse(503, "draining", DRAINING, 5.0, tenant)
         mode = str(opts.get("mode", "dynamic"))
@@ -326,6 +341,7 @@ class RenderService:
             job = self.jobs.create(
                 tenant,
                 prompts,
+                lengths=lengths,
                 key=key,
                 guidance=guidance,
                 priority=int(opts.get("priority") or 0),
@@ -644,29 +660,43 @@ class RenderService:
     # -- helpers ----------------------------------------------------------------------
 
     def _key_of(self, opts: dict[str, Any]) -> tuple[BatchKey, float]:
-        """The batch key and guidance of a request's size/steps/guidance (checked)."""
+        """The batch key (prompt bucket 0) and guidance of a request's size/steps/guidance.
+
+        Checked against the loaded model; :meth:`prompt_key` adds the prompt's own part.
+        """
         d = self._defaults()
         width, height = opts.get("size") or (d.width, d.height)
-        self._executor_check_size(width, height)
+        self._executor_check("check_size", width, height)
         steps = opts.get("steps") or d.steps
         if steps > self.config.max_steps:
             raise ConfigError(f"steps must be at most {self.config.max_steps}, got {steps}")
         guidance = d.guidance if opts.get("guidance") is None else float(opts["guidance"])
         return self.key(width, height, steps, guidance), guidance
 
-    def key(self, width: int, height: int, steps: int, guidance: float) -> BatchKey:
-        """The batch key of a request to the served model."""
+    def key(
+        self, width: int, height: int, steps: int, guidance: float, prompt_bucket: int = 0
+    ) -> BatchKey:
+        """The batch key of a request to the served model (the rule ``renderq run`` uses)."""
         d = self._defaults()
-        return BatchKey(
-            self.config.model,
-            width,
-            height,
-            steps,
-            guidance > 1.0,
-            d.sampler,
-            self.config.precision,
-            self._executor.device_class if self._executor else self.config.device,
-        )
+        device = self._executor.device_class if self._executor else self.config.device
+        return key_for(
+            self.config.model, width, height, steps, guidance, d.sampler,
+            self.config.precision, device, prompt_bucket,
+        )  # fmt: skip
+
+    def prompt_key(
+        self, key: BatchKey, prompt: str, negative_prompt: str = ""
+    ) -> tuple[BatchKey, list[str]]:
+        """``key`` with the prompt's length bucket, and the encoders that would cut it.
+
+        The negative prompt is checked by the executor first: a model that would ignore
+        one refuses it (ConfigError naming it), as ``renderq run`` does.
+        """
+        self._executor_check("check_negative_prompt", negative_prompt)
+        bucket, truncated = prompt_length(self._executor, prompt)
+        if bucket != key.prompt_bucket:
+            key = dataclasses.replace(key, prompt_bucket=bucket)
+        return key, truncated
 
     def _busy(self) -> int:
         sched = self._scheduler()
@@ -676,10 +706,11 @@ class RenderService:
         waiting = sum(1 for o in self._out.values() if o.future is not None)
         return running + waiting
 
-    def _executor_check_size(self, width: int, height: int) -> None:
-        check = getattr(self._executor, "check_size", None)
+    def _executor_check(self, name: str, *args: Any) -> None:
+        """Run the executor's input check ``name`` where it has one (the null model has not)."""
+        check = getattr(self._executor, name, None)
         if check is not None:
-            check(width, height)
+            check(*args)
 
     def _defaults(self) -> Defaults:
         if self.defaults is None or not self.ready.is_set():
@@ -739,26 +770,30 @@ def load_models(config: ServiceConfig) -> tuple[Executor, Scorer, Defaults]:
     return executor, scorer, defaults
 
 
+def prompt_length(executor: Any, prompt: str) -> tuple[int, list[str]]:
+    """The executor's length bucket of ``prompt`` and what would truncate it (0, none: an
+    executor without text-encoder buckets)."""
+    measure = getattr(executor, "prompt_length", None)
+    if measure is None:
+        return 0, []
+    length = measure(prompt)
+    return int(length.bucket), list(length.truncated)
+
+
 def warm_up(executor: Executor, d: Defaults, cap: int) -> LatencyCurve:
     """Render a batch of 1 and of ``cap`` (one warm-up, two timed runs each): the cost curve.
 
     Admission corrects it later by the latency it observes (``Scheduler.latency_scale``).
     """
-    key = BatchKey(
-        "warm-up",
-        d.width,
-        d.height,
-        d.steps,
-        d.guidance > 1.0,
-        d.sampler,
-        "-",
-        executor.device_class,
-    )
+    prompt = "a red circle"
+    key = key_for(
+        "warm-up", d.width, d.height, d.steps, d.guidance, d.sampler, "-",
+        executor.device_class, prompt_length(executor, prompt)[0],
+    )  # fmt: skip
     points = []
     for n in sorted({1, cap}):
         reqs = tuple(
-            Request(f"w{i}", "a red circle", key, base_seed=i, guidance_scale=d.guidance)
-            for i in range(n)
+            Request(f"w{i}", prompt, key, base_seed=i, guidance_scale=d.guidance) for i in range(n)
         )
         executor.run(Batch(0, key, reqs, 0.0, n))  # the first call of a size is the slowest
         # The faster of two timed runs: a one-off stall should not price every request.
