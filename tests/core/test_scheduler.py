@@ -302,18 +302,23 @@ def test_admission_prices_the_regenerations_of_the_queue_ahead_and_its_own() -> 
             scores = tuple(0.9 if r.attempt or int(r.id[1:]) % 2 else 0.1 for r in b.requests)
             s.on_scores([r.id for r in b.requests], ScoreResult(scores, 0.0, "gpu0"), 0.0)
     assert s.renders_per_request() == 1.5
+    # A third of the attempts failed: 1/3 ** 2 = 11% would still fail after one retry, over
+    # the 1% admission lets go, so both retries are priced. Per request ahead: the larger
+    # standard deviation of renders, the finished ones' (0.5) or a 1/3 failure rate's (0.685).
+    assert s.retries_to_price() == 2
     # Alone: its batch of one (1 s) and two retries that would ride in batches of one.
     assert not s.submit(req(9, deadline=2.9), 0.0).admitted
     for i in range(4):
         assert s.submit(req(i), 0.0).admitted
-    # 4 ahead x 1.5 = 6 renders + itself = 7: one batch of 4 (2 s) + a batch of 3 (5/3 s),
-    # plus two retries of one full batch each (4 s): 7.67 s.
-    assert not s.submit(req(10, deadline=7.6), 0.0).admitted
-    assert s.submit(req(11, deadline=7.7), 0.0).admitted
-    # A request that skips the gate has no retries to price: 5 ahead x 1.5 -> 8 renders + 1.
-    skip = dataclasses.replace(req(12, deadline=4.9), qa=False)
+    # 4 ahead: 4 x 1.5 = 6 renders + 2.33 x 0.685 x sqrt(4) = 3.2 more, + itself: 11. Two
+    # batches of 4 (4 s) + a batch of 3 (5/3 s), plus two retries of a full batch (4 s).
+    assert not s.submit(req(10, deadline=9.6), 0.0).admitted
+    assert s.submit(req(11, deadline=9.7), 0.0).admitted
+    # A request that skips the gate has no retries to price: 5 ahead x 1.5 + 2.33 x 0.685 x
+    # sqrt(5) -> 12 renders + 1: three batches of 4 (6 s) and one of 1 (1 s).
+    skip = dataclasses.replace(req(12, deadline=6.9), qa=False)
     assert not s.submit(skip, 0.0).admitted
-    assert s.submit(dataclasses.replace(req(13, deadline=5.1), qa=False), 0.0).admitted
+    assert s.submit(dataclasses.replace(req(13, deadline=7.1), qa=False), 0.0).admitted
 
 
 def test_regenerations_are_served_before_new_requests_of_their_priority() -> None:

@@ -2,15 +2,21 @@
 
 Two checks, both before a request is queued: a bounded queue per key, and a deadline
 check. The deadline check asks the cost model when the request would finish if every
-batch ahead of it (of equal or higher priority) ran full on the key's workers. The work
-ahead is ``ahead * renders_per_request`` renders (the regenerations the queue ahead will
-still need, at the rate seen so far), the request's own batch is priced at its own size,
-and each regeneration the request itself may need adds one batch (regenerations go ahead
-of new requests, so a retry waits for one batch, not for the whole queue again) of the
-size the queue would fill, ``min(cap, ahead + 1)``:
+batch ahead of it (of equal or higher priority) ran full on the key's workers:
 ``now + (full batches * latency(cap) + latency(rest) + retries * latency(b)) / workers``.
-Pricing every retry the budget allows keeps requests admitted at the edge of their deadline
-from missing it when they fail the gate; it costs a short queue one small batch each.
+
+- The work ahead is the ``ahead`` requests' renders: ``renders_per_request`` each (the
+  regenerations they will still need, at the rate seen so far) plus ``QUEUE_Z`` standard
+  deviations of their sum (``renders_sd`` per request), so that a queue whose requests
+  fail the gate more often than on average delays few admitted requests past their
+  deadline; the request's own batch is priced at its own size.
+- The request's own regenerations: each adds one batch (regenerations go ahead of new
+  requests, so a retry waits for one batch, not for the whole queue again) of the size the
+  queue would fill, ``min(cap, ahead + 1)``. ``retries`` are as many as all but
+  ``MISS_SHARE`` of the finished requests needed (:meth:`RenderCounts.retries_to_price`),
+  not the whole budget: pricing every retry the budget allows refuses, near its
+  deadline, work that nearly always passes on its first render.
+
 A request whose deadline falls before that is rejected with reason ``deadline``; callers
 may retry after the queue ahead has drained.
 """
@@ -23,6 +29,62 @@ from dataclasses import dataclass
 
 from renderq.core.errors import ConfigError
 from renderq.core.events import Admission
+
+MISS_SHARE = 0.01
+"""The share of gated requests admission lets go without pricing the retries they need."""
+
+QUEUE_Z = 2.33
+"""Standard deviations of the queue's regenerations priced above their mean (one-sided 99%)."""
+
+MIN_FINISHED = 20
+"""Finished requests before their renders are trusted; until then every retry is priced."""
+
+
+@dataclass(frozen=True, slots=True)
+class RenderCounts:
+    """How many renders finished requests needed: ``needed[j]`` of them took ``j + 1``."""
+
+    needed: tuple[int, ...] = ()
+
+    @property
+    def finished(self) -> int:
+        """Finished requests counted."""
+        return sum(self.needed)
+
+    def share_above(self, renders: int) -> float:
+        """The share of finished requests that needed more than ``renders`` renders."""
+        n = self.finished
+        return sum(self.needed[renders:]) / n if n else 0.0
+
+    def retries_to_price(self, budget: int, miss_share: float = MISS_SHARE) -> int:
+        """The fewest retries (at most ``budget``) that all but ``miss_share`` needed.
+
+        The whole budget until ``MIN_FINISHED`` requests have finished: nothing is known yet.
+        """
+        if self.finished < MIN_FINISHED:
+            return budget
+        for retries in range(budget):
+            if self.share_above(retries + 1) <= miss_share:
+                return retries
+        return budget
+
+
+def independent_renders(fail: float, budget: int) -> tuple[float, float]:
+    """Mean and standard deviation of renders per request, each attempt failing with
+    probability ``fail`` on its own, at most ``budget`` renders (the first included)."""
+    probs = [fail**j * (1.0 - fail) for j in range(budget - 1)] + [fail ** (budget - 1)]
+    mean = sum((j + 1) * q for j, q in enumerate(probs))
+    square = sum((j + 1) ** 2 * q for j, q in enumerate(probs))
+    return mean, math.sqrt(max(0.0, square - mean * mean))
+
+
+def independent_retries(fail: float, budget: int, miss_share: float = MISS_SHARE) -> int:
+    """The fewest retries (at most ``budget``) after which at most ``miss_share`` of
+    requests still fail, each attempt failing with probability ``fail`` on its own."""
+    for retries in range(budget):
+        if fail ** (retries + 1) <= miss_share:
+            return retries
+    return budget
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,14 +109,18 @@ def expected_finish(
     workers: int,
     *,
     renders_per_request: float = 1.0,
+    renders_sd: float = 0.0,
     retries: int = 0,
 ) -> float:
     """When a request with ``ahead`` requests before it would finish, batches running full.
 
-    ``renders_per_request`` prices the regenerations of the queue ahead; ``retries`` the
-    request's own (one batch each, as full as the queue would make it).
+    ``renders_per_request`` and ``renders_sd`` (mean and standard deviation per request)
+    price the regenerations of the queue ahead, ``QUEUE_Z`` deviations of their sum above
+    the mean; ``retries`` the request's own (one batch each, as full as the queue would
+    make it).
     """
-    total = math.ceil(ahead * renders_per_request) + 1
+    spread = QUEUE_Z * renders_sd * math.sqrt(ahead)
+    total = math.ceil(ahead * renders_per_request + spread) + 1
     full, rest = divmod(total, cap)
     busy = full * latency(cap) + (latency(rest) if rest else 0.0)
     busy += retries * latency(min(cap, total))
@@ -71,6 +137,7 @@ def admit(
     cap: int,
     latency: Callable[[int], float] | None,
     renders_per_request: float = 1.0,
+    renders_sd: float = 0.0,
     retries: int = 0,
 ) -> Admission:
     """The admission verdict for one request (pure); see :func:`expected_finish`."""
@@ -90,6 +157,7 @@ def admit(
                 latency,
                 config.workers_per_device,
                 renders_per_request=renders_per_request,
+                renders_sd=renders_sd,
                 retries=retries,
             )
             if finish > deadline:
