@@ -69,6 +69,83 @@ class RenderCounts:
         return budget
 
 
+class RenderStats:
+    """What finished requests and ended attempts say about the renders the next ones need.
+
+    The scheduler feeds it; admission reads the queue's renders (:meth:`ahead`) and a
+    request's own retries (:meth:`retries`) from it.
+    """
+
+    def __init__(self) -> None:
+        self.finished = 0
+        self.renders = 0
+        self.squared = 0
+        self.failed = 0  # attempts that ended in a regeneration or an escalation
+        self.passed = 0
+        self.gated: list[int] = []  # [j]: finished gated requests that took j + 1 renders
+
+    def finish(self, renders: int, *, gated: bool) -> None:
+        """A request ended (accepted or escalated) after ``renders`` renders."""
+        self.finished += 1
+        self.renders += renders
+        self.squared += renders * renders
+        if gated and renders:
+            self.gated.extend([0] * (renders - len(self.gated)))
+            self.gated[renders - 1] += 1
+
+    def attempt(self, *, passed: bool) -> None:
+        """An attempt ended: accepted, or failed (regenerated or escalated)."""
+        if passed:
+            self.passed += 1
+        else:
+            self.failed += 1
+
+    def per_request(self) -> float:
+        """Mean renders per finished request (1.0 until ``MIN_FINISHED`` have finished)."""
+        if self.finished < MIN_FINISHED:
+            return 1.0
+        return max(1.0, self.renders / self.finished)
+
+    def sd(self) -> float:
+        """Standard deviation of renders per finished request (0.0 until ``MIN_FINISHED``)."""
+        n = self.finished
+        if n < MIN_FINISHED:
+            return 0.0
+        mean = self.renders / n
+        return math.sqrt(max(0.0, self.squared / n - mean * mean))
+
+    def fail_rate(self) -> float | None:
+        """The share of ended attempts that failed (None until ``MIN_FINISHED`` ended)."""
+        ended = self.failed + self.passed
+        return self.failed / ended if ended >= MIN_FINISHED else None
+
+    def ahead(self, budget: int) -> tuple[float, float]:
+        """Mean and standard deviation of the renders to price per request ahead.
+
+        The larger of what finished requests needed and what the attempts' failure rate
+        implies: early on the finished are mostly those that passed at once, so the first
+        alone would be low. ``budget`` renders each (the most a request may take) until
+        ``MIN_FINISHED`` attempts have ended, so that a cold start under overload does
+        not queue regenerations it never priced.
+        """
+        fail = self.fail_rate()
+        if fail is None:
+            return float(budget), 0.0
+        mean, sd = independent_renders(fail, budget)
+        return max(mean, self.per_request()), max(sd, self.sd())
+
+    def retries(self, budget: int) -> int:
+        """The retries to price for a request's own deadline (``budget`` renders at most).
+
+        As many as all but ``MISS_SHARE`` of the finished gated requests needed, or as the
+        attempts' failure rate implies if that is more; every retry until ``MIN_FINISHED``
+        have finished.
+        """
+        seen = RenderCounts(tuple(self.gated)).retries_to_price(budget - 1)
+        fail = self.fail_rate()
+        return seen if fail is None else max(seen, independent_retries(fail, budget - 1))
+
+
 def independent_renders(fail: float, budget: int) -> tuple[float, float]:
     """Mean and standard deviation of renders per request, each attempt failing with
     probability ``fail`` on its own, at most ``budget`` renders (the first included)."""

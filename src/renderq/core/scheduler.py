@@ -10,19 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from renderq.core.admission import (
-    MIN_FINISHED,
-    AdmissionConfig,
-    RenderCounts,
-    admit,
-    independent_renders,
-    independent_retries,
-)
+from renderq.core.admission import AdmissionConfig, RenderStats, admit
 from renderq.core.cost import StageCost
 from renderq.core.errors import ConfigError, UnknownRequest
 from renderq.core.events import (
@@ -129,12 +121,7 @@ class Scheduler:
         self._batch_ids = itertools.count(1)
         self._cost_cache: dict[BatchKey, StageCost | None] = {}
         self._base_caps: dict[BatchKey, int] = {}
-        self._finished = 0
-        self._renders_of_finished = 0
-        self._renders_squared = 0
-        self._attempts_failed = 0  # attempts that ended in a regeneration or an escalation
-        self._attempts_passed = 0
-        self._gated_renders: list[int] = []  # [j]: finished gated requests with j + 1 renders
+        self._renders = RenderStats()
         self._latency_scale: dict[str, float] = {}
         self._measured: set[str] = set()  # device classes a render batch came back from
 
@@ -178,52 +165,18 @@ class Scheduler:
         Admission multiplies its time estimate by this: a request that will need a
         regeneration costs its deadline a second render.
         """
-        if self._finished < MIN_FINISHED:
-            return 1.0
-        return max(1.0, self._renders_of_finished / self._finished)
-
-    def _ahead_renders(self) -> tuple[float, float]:
-        """Mean and standard deviation of the renders admission prices per request ahead.
-
-        The larger of what finished requests needed and what the attempts' failure rate
-        implies: early on the finished are mostly those that passed at once, so the first
-        alone would be low. The whole budget until 20 attempts have ended, so that a cold
-        start under overload does not queue regenerations it never priced.
-        """
-        budget = self.qa.max_attempts if self.qa.enabled else 1
-        fail = self._fail_rate()
-        if fail is None:
-            return float(budget), 0.0
-        mean, sd = independent_renders(fail, budget)
-        return max(mean, self.renders_per_request()), max(sd, self.renders_sd())
-
-    def _fail_rate(self) -> float | None:
-        ended = self._attempts_failed + self._attempts_passed
-        return self._attempts_failed / ended if ended >= MIN_FINISHED else None
+        return self._renders.per_request()
 
     def renders_sd(self) -> float:
-        """The standard deviation of renders per finished request (0.0 until 20 have finished).
-
-        Admission prices the queue ahead's regenerations ``QUEUE_Z * sqrt(ahead)`` times
-        this above their mean.
-        """
-        n = self._finished
-        if n < MIN_FINISHED:
-            return 0.0
-        mean = self._renders_of_finished / n
-        return math.sqrt(max(0.0, self._renders_squared / n - mean * mean))
+        """The standard deviation of renders per finished request (0.0 until 20 have finished)."""
+        return self._renders.sd()
 
     def retries_to_price(self) -> int:
         """The regenerations admission prices for a gated request's own deadline.
 
-        As many as all but ``MISS_SHARE`` of the finished gated requests needed, or as the
-        attempts' failure rate implies if that is more; never more than the budget
-        (``max_attempts - 1``), and the whole budget until 20 have finished.
+        See :meth:`RenderStats.retries`: what all but 1% of the finished requests needed.
         """
-        budget = self.qa.max_attempts - 1
-        seen = RenderCounts(tuple(self._gated_renders)).retries_to_price(budget)
-        fail = self._fail_rate()
-        return seen if fail is None else max(seen, independent_retries(fail, budget))
+        return self._renders.retries(self.qa.max_attempts)
 
     def latency_scale(self, device_class: str) -> float:
         """Observed over predicted render latency on a device class (1.0 until a batch returns).
@@ -262,7 +215,7 @@ class Scheduler:
         # for good, so the first request on it while it is idle goes in and measures it.
         if cost is not None and dev not in self._measured and self._device_idle(dev):
             cost = None
-        ahead_mean, ahead_sd = self._ahead_renders()
+        ahead_mean, ahead_sd = self._renders.ahead(self.qa.max_attempts if self.qa.enabled else 1)
         verdict = admit(
             self._admission,
             now=now,
@@ -457,7 +410,7 @@ class Scheduler:
         self._latency_scale[dev] = ratio if old is None else old + LATENCY_EWMA * (ratio - old)
 
     def _retry_or_escalate(self, rec: _Record, score: float | None, now: float) -> Event:
-        self._attempts_failed += 1
+        self._renders.attempt(passed=False)
         attempt = rec.request.attempt
         verdict = self.qa.retry(attempt) if score is None else self.qa.decide(score, attempt)
         if verdict is Verdict.REGENERATE:
@@ -565,16 +518,9 @@ class Scheduler:
             check_transition(rec.state, new)  # raises with the message
         rec.state = new
         if new is _S.ACCEPTED:
-            self._attempts_passed += 1
+            self._renders.attempt(passed=True)
         if new is _S.ACCEPTED or new is _S.ESCALATED:
-            renders = len(rec.history)
-            self._finished += 1
-            self._renders_of_finished += renders
-            self._renders_squared += renders * renders
-            if rec.request.qa and self.qa.enabled and renders:
-                counts = self._gated_renders
-                counts.extend([0] * (renders - len(counts)))
-                counts[renders - 1] += 1
+            self._renders.finish(len(rec.history), gated=rec.request.qa and self.qa.enabled)
 
 
 def submit_all(
