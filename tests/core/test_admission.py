@@ -12,6 +12,7 @@ from renderq.core.admission import (
     MIN_FINISHED,
     MISS_SHARE,
     RenderCounts,
+    RenderStats,
     independent_renders,
     independent_retries,
 )
@@ -44,16 +45,17 @@ def drain(s: Scheduler, now: float, passes: bool = True) -> float:
 
 def test_a_lone_request_that_would_pass_at_once_is_admitted_and_served_in_time() -> None:
     s = Scheduler(Dynamic(0.0, 4), qa=QAPolicy(0.5, max_attempts=3), cost=lambda k: COST)
-    for i in range(40):  # forty requests, every one accepted on its first render
+    for i in range(300):  # every one accepted on its first render
         s.submit(req(i), 0.0)
     now = drain(s, 0.0)
+    # 0 failures in 300 attempts bound the failure rate below 0.9%: no retry to price.
     assert s.retries_to_price() == 0
     # Alone, it renders in 1 s. Pricing the two retries the budget allows (3 s) refused
     # it, although nothing seen so far needed a retry.
-    verdict = s.submit(req(100, deadline=now + 1.5), now)
+    verdict = s.submit(req(1000, deadline=now + 1.5), now)
     assert verdict.admitted, verdict
     done = drain(s, now)
-    assert s.state("r100") is RequestState.ACCEPTED and done <= now + 1.5
+    assert s.state("r1000") is RequestState.ACCEPTED and done <= now + 1.5
 
 
 def test_retries_are_priced_again_once_requests_need_them() -> None:
@@ -93,6 +95,20 @@ def test_render_counts_share_above() -> None:
     assert counts.share_above(2) == pytest.approx(0.01)
     assert counts.share_above(3) == 0.0
     assert counts.retries_to_price(2) == 1
+
+
+def test_the_failure_rate_is_priced_at_its_upper_bound() -> None:
+    stats = RenderStats()
+    assert stats.fail_rate() == 1.0  # nothing known: the worst
+    for i in range(30):
+        stats.attempt(passed=i % 3 != 0)  # 10 of 30 fail
+    assert stats.fail_rate() == pytest.approx(0.483, abs=1e-3)  # Wilson, one-sided 95%
+    for _ in range(270):
+        stats.attempt(passed=True)
+    assert 10 / 300 < stats.fail_rate() < 0.06
+    assert stats.ahead(1) == (1.0, 0.0)  # no retries allowed: one render each
+    mean, sd = stats.ahead(3)
+    assert (mean, sd) == independent_renders(stats.fail_rate(), 3)
 
 
 def test_independent_failures_give_the_truncated_geometric() -> None:

@@ -302,23 +302,26 @@ def test_admission_prices_the_regenerations_of_the_queue_ahead_and_its_own() -> 
             scores = tuple(0.9 if r.attempt or int(r.id[1:]) % 2 else 0.1 for r in b.requests)
             s.on_scores([r.id for r in b.requests], ScoreResult(scores, 0.0, "gpu0"), 0.0)
     assert s.renders_per_request() == 1.5
-    # A third of the attempts failed: 1/3 ** 2 = 11% would still fail after one retry, over
-    # the 1% admission lets go, so both retries are priced. Per request ahead: the larger
-    # standard deviation of renders, the finished ones' (0.5) or a 1/3 failure rate's (0.685).
+    # 10 of 30 attempts failed: admission prices the failure rate's upper bound, 0.483, at
+    # which 23% would still fail after one retry (over the 1% it lets go), so both retries
+    # are priced; per request ahead, 1.72 renders (the larger of 1.5 seen and the rate's),
+    # with a standard deviation of 0.82.
     assert s.retries_to_price() == 2
     # Alone: its batch of one (1 s) and two retries that would ride in batches of one.
     assert not s.submit(req(9, deadline=2.9), 0.0).admitted
+    assert s.submit(req(8, deadline=3.1), 0.0).admitted
+    assert s.cancel("r8", 0.0)
     for i in range(4):
         assert s.submit(req(i), 0.0).admitted
-    # 4 ahead: 4 x 1.5 = 6 renders + 2.33 x 0.685 x sqrt(4) = 3.2 more, + itself: 11. Two
-    # batches of 4 (4 s) + a batch of 3 (5/3 s), plus two retries of a full batch (4 s).
-    assert not s.submit(req(10, deadline=9.6), 0.0).admitted
-    assert s.submit(req(11, deadline=9.7), 0.0).admitted
-    # A request that skips the gate has no retries to price: 5 ahead x 1.5 + 2.33 x 0.685 x
-    # sqrt(5) -> 12 renders + 1: three batches of 4 (6 s) and one of 1 (1 s).
-    skip = dataclasses.replace(req(12, deadline=6.9), qa=False)
+    # 4 ahead: 4 x 1.72 = 6.9 renders + 2.33 x 0.82 x sqrt(4) = 3.8 more, + itself: 12.
+    # Three batches of 4 (6 s), plus two retries of a full batch (4 s): 10 s.
+    assert not s.submit(req(10, deadline=9.9), 0.0).admitted
+    assert s.submit(req(11, deadline=10.1), 0.0).admitted
+    # A request that skips the gate has no retries to price: 5 ahead x 1.72 + 2.33 x 0.82 x
+    # sqrt(5) -> 13 renders + 1: three batches of 4 (6 s) and one of 2 (4/3 s).
+    skip = dataclasses.replace(req(12, deadline=7.2), qa=False)
     assert not s.submit(skip, 0.0).admitted
-    assert s.submit(dataclasses.replace(req(13, deadline=7.1), qa=False), 0.0).admitted
+    assert s.submit(dataclasses.replace(req(13, deadline=7.4), qa=False), 0.0).admitted
 
 
 def test_regenerations_are_served_before_new_requests_of_their_priority() -> None:

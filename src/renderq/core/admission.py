@@ -6,16 +6,20 @@ batch ahead of it (of equal or higher priority) ran full on the key's workers:
 ``now + (full batches * latency(cap) + latency(rest) + retries * latency(b)) / workers``.
 
 - The work ahead is the ``ahead`` requests' renders: ``renders_per_request`` each (the
-  regenerations they will still need, at the rate seen so far) plus ``QUEUE_Z`` standard
-  deviations of their sum (``renders_sd`` per request), so that a queue whose requests
-  fail the gate more often than on average delays few admitted requests past their
-  deadline; the request's own batch is priced at its own size.
+  regenerations they will still need) plus ``QUEUE_Z`` standard deviations of their sum
+  (``renders_sd`` per request), so that a queue whose requests fail the gate more often
+  than on average delays few admitted requests past their deadline; the request's own
+  batch is priced at its own size.
 - The request's own regenerations: each adds one batch (regenerations go ahead of new
   requests, so a retry waits for one batch, not for the whole queue again) of the size the
   queue would fill, ``min(cap, ahead + 1)``. ``retries`` are as many as all but
-  ``MISS_SHARE`` of the finished requests needed (:meth:`RenderCounts.retries_to_price`),
-  not the whole budget: pricing every retry the budget allows refuses, near its
-  deadline, work that nearly always passes on its first render.
+  ``MISS_SHARE`` of requests need, not the whole budget: pricing every retry the budget
+  allows refuses, near its deadline, work that nearly always passes on its first render.
+
+:class:`RenderStats` gives both from what the scheduler has seen: the renders finished
+requests needed, and the failure rate of attempts at the upper end of what the attempts
+so far allow (few observations are not trusted to be as good as they look; at a cold
+start under overload the queue fills before anything has finished).
 
 A request whose deadline falls before that is rejected with reason ``deadline``; callers
 may retry after the queue ahead has drained.
@@ -35,6 +39,9 @@ MISS_SHARE = 0.01
 
 QUEUE_Z = 2.33
 """Standard deviations of the queue's regenerations priced above their mean (one-sided 99%)."""
+
+RATE_Z = 1.64
+"""The one-sided 95% normal quantile of the failure rate's upper bound (Wilson's)."""
 
 MIN_FINISHED = 20
 """Finished requests before their renders are trusted; until then every retry is priced."""
@@ -114,36 +121,39 @@ class RenderStats:
         mean = self.renders / n
         return math.sqrt(max(0.0, self.squared / n - mean * mean))
 
-    def fail_rate(self) -> float | None:
-        """The share of ended attempts that failed (None until ``MIN_FINISHED`` ended)."""
-        ended = self.failed + self.passed
-        return self.failed / ended if ended >= MIN_FINISHED else None
+    def fail_rate(self) -> float:
+        """The share of attempts that fail, at the upper end of what the attempts so far
+        allow (Wilson's bound, one-sided 95%; 1.0 before any ended): few observations are
+        not trusted to be as good as they look."""
+        n = self.failed + self.passed
+        if n == 0:
+            return 1.0
+        z2 = RATE_Z * RATE_Z
+        p = self.failed / n
+        centre = p + z2 / (2 * n)
+        margin = RATE_Z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+        return min(1.0, (centre + margin) / (1 + z2 / n))
 
     def ahead(self, budget: int) -> tuple[float, float]:
         """Mean and standard deviation of the renders to price per request ahead.
 
         The larger of what finished requests needed and what the attempts' failure rate
-        implies: early on the finished are mostly those that passed at once, so the first
-        alone would be low. ``budget`` renders each (the most a request may take) until
-        ``MIN_FINISHED`` attempts have ended, so that a cold start under overload does
-        not queue regenerations it never priced.
+        implies (``budget`` renders at most): early on the finished are mostly those that
+        passed at once, so the first alone would be low, and at a cold start under
+        overload the queue fills before anything has finished.
         """
-        fail = self.fail_rate()
-        if fail is None:
-            return float(budget), 0.0
-        mean, sd = independent_renders(fail, budget)
+        mean, sd = independent_renders(self.fail_rate(), budget)
         return max(mean, self.per_request()), max(sd, self.sd())
 
     def retries(self, budget: int) -> int:
         """The retries to price for a request's own deadline (``budget`` renders at most).
 
         As many as all but ``MISS_SHARE`` of the finished gated requests needed, or as the
-        attempts' failure rate implies if that is more; every retry until ``MIN_FINISHED``
-        have finished.
+        failure rate's upper bound implies if that is more; every retry until
+        ``MIN_FINISHED`` have finished.
         """
         seen = RenderCounts(tuple(self.gated)).retries_to_price(budget - 1)
-        fail = self.fail_rate()
-        return seen if fail is None else max(seen, independent_retries(fail, budget - 1))
+        return max(seen, independent_retries(self.fail_rate(), budget - 1))
 
 
 def independent_renders(fail: float, budget: int) -> tuple[float, float]:

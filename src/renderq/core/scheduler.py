@@ -174,7 +174,7 @@ class Scheduler:
     def retries_to_price(self) -> int:
         """The regenerations admission prices for a gated request's own deadline.
 
-        See :meth:`RenderStats.retries`: what all but 1% of the finished requests needed.
+        See :meth:`RenderStats.retries`: what all but 1% of requests need, as far as known.
         """
         return self._renders.retries(self.qa.max_attempts)
 
