@@ -22,12 +22,12 @@ CAPACITY = CAP / PROFILE.render.latency(CAP)
 DEADLINE_S = 20.0
 
 
-def overload(load: float, failure_rate: float) -> SimResult:
+def overload(load: float, failure_rate: float, share_device: bool) -> SimResult:
     rate = load * CAPACITY
     arr = tuple(arrivals(f"poisson:{rate}", int(rate * 300), random.Random(1)))
     cfg = SimConfig(
         PROFILE, arr, failure_rate=failure_rate, deadline_s=DEADLINE_S,
-        max_queue_per_key=512, share_device=True, seed=2,
+        max_queue_per_key=512, share_device=share_device, seed=2,
     )  # fmt: skip
     return simulate(Dynamic(0.1, CAP), cfg)
 
@@ -36,11 +36,15 @@ def served_per_s(r: SimResult) -> float:
     return (r.accepted + r.escalated) / r.makespan_s
 
 
-@pytest.mark.parametrize("failure_rate", [0.2, 0.08])
+@pytest.mark.parametrize(
+    ("failure_rate", "share_device"), [(0.2, True), (0.08, True), (0.08, False)]
+)
 def test_overload_keeps_goodput_and_admitted_requests_meet_their_deadlines(
-    failure_rate: float,
+    failure_rate: float, share_device: bool
 ) -> None:
-    runs = {load: overload(load, failure_rate) for load in (1, 2, 10)}
+    """``share_device``: scoring takes turns with rendering (one CPU, one GPU for both), or
+    overlaps it (a scorer on a device of its own)."""
+    runs = {load: overload(load, failure_rate, share_device) for load in (1, 2, 10)}
     base = served_per_s(runs[1])
     for load, r in runs.items():
         finished = r.accepted + r.escalated

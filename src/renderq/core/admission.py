@@ -3,7 +3,8 @@
 Two checks, both before a request is queued: a bounded queue per key, and a deadline
 check. The deadline check asks the cost model when the request would finish if every
 batch ahead of it (of equal or higher priority) ran full on the key's workers:
-``now + (full batches * latency(cap) + latency(rest) + retries * latency(b)) / workers``.
+``now + (full batches * latency(cap) + latency(rest) + retries * waits * latency(b)) /
+workers``.
 
 - The work ahead is the ``ahead`` requests' renders: ``renders_per_request`` each (the
   regenerations they will still need) plus ``QUEUE_Z`` standard deviations of their sum
@@ -11,8 +12,9 @@ batch ahead of it (of equal or higher priority) ran full on the key's workers:
   than on average delays few admitted requests past their deadline; the request's own
   batch is priced at its own size.
 - The request's own regenerations: each adds one batch (regenerations go ahead of new
-  requests, so a retry waits for one batch, not for the whole queue again) of the size the
-  queue would fill, ``min(cap, ahead + 1)``. ``retries`` are as many as all but
+  requests, so a retry does not wait for the whole queue again) of the size the queue
+  would fill, ``min(cap, ahead + 1)``, and in a queue deeper than one batch a second one,
+  the batch already running when the retry is queued again. ``retries`` are as many as all but
   ``MISS_SHARE`` of requests need, not the whole budget: pricing every retry the budget
   allows refuses, near its deadline, work that nearly always passes on its first render.
 
@@ -210,7 +212,11 @@ def expected_finish(
     total = math.ceil(ahead * renders_per_request + spread) + 1
     full, rest = divmod(total, cap)
     busy = full * latency(cap) + (latency(rest) if rest else 0.0)
-    busy += retries * latency(min(cap, total))
+    # A retry is queued again when its score comes back. Where scoring overlaps rendering,
+    # a queue deeper than one batch has its next batch running by then: the retry waits
+    # for that batch and then rides in its own.
+    waits = 2 if total > cap else 1
+    busy += retries * waits * latency(min(cap, total))
     return now + busy / workers
 
 

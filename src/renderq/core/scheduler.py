@@ -215,7 +215,9 @@ class Scheduler:
         # for good, so the first request on it while it is idle goes in and measures it.
         if cost is not None and dev not in self._measured and self._device_idle(dev):
             cost = None
-        ahead_mean, ahead_sd = self._renders.ahead(self.qa.max_attempts if self.qa.enabled else 1)
+        priced = request.deadline is not None and cost is not None  # else no time to price
+        budget = self.qa.max_attempts if self.qa.enabled else 1
+        ahead_mean, ahead_sd = self._renders.ahead(budget) if priced else (1.0, 0.0)
         verdict = admit(
             self._admission,
             now=now,
@@ -226,7 +228,7 @@ class Scheduler:
             latency=(lambda n: cost.latency(n) * scale) if cost is not None else None,
             renders_per_request=ahead_mean,
             renders_sd=ahead_sd,
-            retries=self.retries_to_price() if gated else 0,
+            retries=self.retries_to_price() if gated and priced else 0,
         )
         if not verdict.admitted:
             self._move(rec, _S.REJECTED)
