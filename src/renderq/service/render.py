@@ -2,7 +2,7 @@
 
 HTTP handlers never touch the scheduler: every submit, cancel and snapshot runs on the
 engine's loop thread through ``RealtimeEngine.call``, and results come back through
-futures that the service's listener resolves from the engine's steps. Interactive
+a future per call that the service's listener resolves from the engine's steps. Interactive
 requests ride at priority 10-19, bulk jobs at 0-9, so interactive work always goes first.
 """
 
@@ -66,10 +66,45 @@ class ImageResult:
 
 
 @dataclass(slots=True)
+class _Answer:
+    """The answer to one generation call: every image's result in order, or a failure.
+
+    One future for the call, resolved on the loop thread when its last image ends, so
+    the event loop is woken once per call.
+    """
+
+    done: Future[list[ImageResult]]
+    results: list[ImageResult | None]
+    left: int
+    #: Set when the call was refused while being submitted: its requests' ends say nothing.
+    abandoned: bool = False
+
+    def put(self, index: int, result: ImageResult) -> None:
+        """One image's final answer; the last one resolves the call."""
+        if self.abandoned or self.done.done():
+            return
+        self.results[index] = result
+        self.left -= 1
+        if self.left == 0:
+            self.done.set_result([r for r in self.results if r is not None])
+
+    def fail(self, exc: BaseException) -> None:
+        """The call fails (the first failure wins)."""
+        if not self.abandoned and not self.done.done():
+            self.done.set_exception(exc)
+
+    def forget(self, index: int) -> None:
+        """An image leaves the service: unanswered, it was cancelled, and so is the call."""
+        if self.results[index] is None:
+            self.fail(Refused(409, "cancelled", "the request was cancelled"))
+
+
+@dataclass(slots=True)
 class _Outstanding:
     tenant: str
     submitted: float
-    future: Future[ImageResult] | None = None
+    answer: _Answer | None = None  # None: a bulk prompt
+    index: int = 0
     qa: bool = True
 
 
@@ -256,43 +291,39 @@ class RenderService:
         One future carries the refusal or every answer, so the event loop is woken once
         per call, not once for the admission and again for the images.
         """
-        done: Future[list[ImageResult]] = Future()
+        answer = _Answer(Future(), [None] * len(requests), len(requests))
 
         def submit(now: float) -> None:
             try:
-                futures = self._submit_interactive(requests, deadline_s, now)
+                self._submit_interactive(requests, deadline_s, now, answer)
             except Exception as exc:
-                done.set_exception(exc)
-                return
-            _all_into(futures, done)
+                answer.abandoned = False
+                answer.fail(exc)
 
         self._call(submit)
-        return await asyncio.wrap_future(done)
+        return await asyncio.wrap_future(answer.done)
 
     def _submit_interactive(
-        self, requests: Sequence[Request], deadline_s: float | None, now: float
-    ) -> list[Future[ImageResult]]:
+        self, requests: Sequence[Request], deadline_s: float | None, now: float, answer: _Answer
+    ) -> None:
         tenant = requests[0].tenant
         self._check_admission(tenant, len(requests))
         sched = self._scheduler()
         done: list[Request] = []
-        futures: list[Future[ImageResult]] = []
-        for r in requests:
+        for i, r in enumerate(requests):
             if deadline_s is not None:
                 r = dataclasses.replace(r, deadline=now + deadline_s, arrival=now)
             verdict = sched.submit(r, now)
             if not verdict.admitted:
+                answer.abandoned = True  # the refusal, not the cancels, answers the call
                 for d in done:
                     self._forget(d.id, sched.cancel(d.id, now))
                 sched.forget(r.id)
                 retry = verdict.retry_after_s or 1.0
                 self._refuse(429, verdict.reason, verdict.detail, retry, tenant)
-            fut: Future[ImageResult] = Future()
-            self._out[r.id] = _Outstanding(tenant, now, fut, r.qa)
+            self._out[r.id] = _Outstanding(tenant, now, answer, i, r.qa)
             self._tenant_queued[tenant] = self._tenant_queued.get(tenant, 0) + 1
             done.append(r)
-            futures.append(fut)
-        return futures
 
     def _check_admission(self, tenant: str, n: int) -> None:
         if self.draining:
@@ -519,7 +550,7 @@ class RenderService:
             self.metrics.qa.labels(outcome="skipped" if skipped else "pass").inc()
         elif isinstance(ev, Escalated):
             self.metrics.qa.labels(outcome="escalate").inc()
-        if o is not None and o.future is not None:
+        if o is not None and o.answer is not None:
             kind = "interactive"
             last = ev.history[-1] if ev.history else None
             state = (
@@ -529,7 +560,8 @@ class RenderService:
             )
             if isinstance(ev, Accepted) and not o.qa:
                 state = "skipped"
-            o.future.set_result(
+            o.answer.put(
+                o.index,
                 ImageResult(
                     ev.request.id,
                     _image_of(ev, step),
@@ -539,7 +571,7 @@ class RenderService:
                     state,
                     last.batch_id if last else 0,
                     last.batch_size if last else 0,
-                )
+                ),
             )
             self._stats.latencies.append(now - o.submitted)
             self.metrics.latency.labels(kind=kind).observe(now - o.submitted)
@@ -551,10 +583,9 @@ class RenderService:
 
     def _forget(self, request_id: str, events: Sequence[Event]) -> None:
         o = self._out.pop(request_id, None)
-        if o is not None and o.future is not None:
+        if o is not None and o.answer is not None:
             self._tenant_queued[o.tenant] = self._tenant_queued.get(o.tenant, 1) - 1
-            if not o.future.done():
-                o.future.set_exception(Refused(409, "cancelled", "the request was cancelled"))
+            o.answer.forget(o.index)
         sched = self._scheduler()
         try:
             if sched.state(request_id) in TERMINAL:
@@ -703,7 +734,7 @@ class RenderService:
         states = sched.states().values()
         running = sum(1 for s in states if s in (RequestState.RUNNING, RequestState.SCORING))
         # Admitted interactive requests are a promise: they are answered before the stop.
-        waiting = sum(1 for o in self._out.values() if o.future is not None)
+        waiting = sum(1 for o in self._out.values() if o.answer is not None)
         return running + waiting
 
     def _executor_check(self, name: str, *args: Any) -> None:
@@ -806,28 +837,6 @@ def scaled_cost(curve: LatencyCurve, key: BatchKey, d: Defaults) -> StageCost:
     """The warm-up curve scaled to a key's steps and pixels (linear in both, an estimate)."""
     factor = (key.steps / d.steps) * (key.width * key.height) / (d.width * d.height)
     return StageCost(LatencyCurve(curve.sizes, tuple(s * factor for s in curve.seconds)))
-
-
-def _all_into(futures: Sequence[Future[ImageResult]], done: Future[list[ImageResult]]) -> None:
-    """Resolve ``done`` with every future's result in order, or the first exception."""
-    left = [len(futures)]
-    if not futures:
-        done.set_result([])
-        return
-
-    def one(fut: Future[ImageResult]) -> None:
-        if done.done():
-            return
-        exc = fut.exception()
-        if exc is not None:
-            done.set_exception(exc)
-            return
-        left[0] -= 1
-        if left[0] == 0:
-            done.set_result([f.result() for f in futures])
-
-    for fut in futures:
-        fut.add_done_callback(one)
 
 
 def _image_of(ev: Event, step: Step) -> Any:
