@@ -302,18 +302,27 @@ def test_admission_prices_the_regenerations_of_the_queue_ahead_and_its_own() -> 
             scores = tuple(0.9 if r.attempt or int(r.id[1:]) % 2 else 0.1 for r in b.requests)
             s.on_scores([r.id for r in b.requests], ScoreResult(scores, 0.0, "gpu0"), 0.0)
     assert s.renders_per_request() == 1.5
+    # 10 of 30 attempts failed: admission prices the failure rate's upper bound, 0.483, at
+    # which 23% would still fail after one retry (over the 1% it lets go), so both retries
+    # are priced; per request ahead, 1.72 renders (the larger of 1.5 seen and the rate's),
+    # with a standard deviation of 0.82.
+    assert s.retries_to_price() == 2
     # Alone: its batch of one (1 s) and two retries that would ride in batches of one.
     assert not s.submit(req(9, deadline=2.9), 0.0).admitted
+    assert s.submit(req(8, deadline=3.1), 0.0).admitted
+    assert s.cancel("r8", 0.0)
     for i in range(4):
         assert s.submit(req(i), 0.0).admitted
-    # 4 ahead x 1.5 = 6 renders + itself = 7: one batch of 4 (2 s) + a batch of 3 (5/3 s),
-    # plus two retries of one full batch each (4 s): 7.67 s.
-    assert not s.submit(req(10, deadline=7.6), 0.0).admitted
-    assert s.submit(req(11, deadline=7.7), 0.0).admitted
-    # A request that skips the gate has no retries to price: 5 ahead x 1.5 -> 8 renders + 1.
-    skip = dataclasses.replace(req(12, deadline=4.9), qa=False)
+    # 4 ahead: 4 x 1.72 = 6.9 renders + 2.33 x 0.82 x sqrt(4) = 3.8 more, + itself: 12.
+    # Three batches of 4 (6 s), plus two retries, each waiting for the full batch running
+    # when it is queued again and riding in another (8 s): 14 s.
+    assert not s.submit(req(10, deadline=13.9), 0.0).admitted
+    assert s.submit(req(11, deadline=14.1), 0.0).admitted
+    # A request that skips the gate has no retries to price: 5 ahead x 1.72 + 2.33 x 0.82 x
+    # sqrt(5) -> 13 renders + 1: three batches of 4 (6 s) and one of 2 (4/3 s).
+    skip = dataclasses.replace(req(12, deadline=7.2), qa=False)
     assert not s.submit(skip, 0.0).admitted
-    assert s.submit(dataclasses.replace(req(13, deadline=5.1), qa=False), 0.0).admitted
+    assert s.submit(dataclasses.replace(req(13, deadline=7.4), qa=False), 0.0).admitted
 
 
 def test_regenerations_are_served_before_new_requests_of_their_priority() -> None:
@@ -385,7 +394,11 @@ def test_expected_finish_prices_retries_at_the_batch_the_queue_would_fill() -> N
     alone = expected_finish(0.0, 0, 4, curve.latency, 1, renders_per_request=1.5, retries=2)
     assert alone == pytest.approx(1.0 + 2 * 1.0)
     busy = expected_finish(10.0, 8, 4, curve.latency, 2, renders_per_request=1.0, retries=1)
-    assert busy == pytest.approx(10.0 + (2 * 2.0 + 1.0 + 2.0) / 2)
+    # Deeper than a batch: the retry waits for the batch running then, and rides in its own.
+    assert busy == pytest.approx(10.0 + (2 * 2.0 + 1.0 + 2 * 2.0) / 2)
+    spread = expected_finish(0.0, 4, 4, curve.latency, 1, renders_per_request=1.0, renders_sd=1)
+    # 4 + 2.33 x 1 x sqrt(4) = 8.66 -> 9 renders ahead + 1: two batches of 4 and one of 2.
+    assert spread == pytest.approx(2 * 2.0 + 4 / 3)
 
 
 def test_admission_counts_the_batches_already_running_as_work_ahead() -> None:

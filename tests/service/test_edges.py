@@ -29,14 +29,14 @@ TOKENS = {"tok-a": "team-a", "tok-b": "team-b", "tok-ops": "ops"}
 class Live:
     """A service on a loopback port, served by uvicorn on a thread of this process."""
 
-    def __init__(self, cfg: ServiceConfig) -> None:
+    def __init__(self, cfg: ServiceConfig, ready_s: float = 60) -> None:
         self.service = RenderService(cfg)
         config = uvicorn.Config(create_app(self.service), host="127.0.0.1", port=0,
                                 log_level="warning", lifespan="on")  # fmt: skip
         self.server = DrainingServer(config, self.service, drain_s=30)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + ready_s
         while not (self.server.started and self.service.ready.is_set()):
             assert time.monotonic() < deadline, f"not up: {self.service.load_error}"
             time.sleep(0.02)

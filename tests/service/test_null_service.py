@@ -128,3 +128,28 @@ def test_n_above_the_tenant_limit_is_a_bad_request_not_a_retry(tmp_path: Path) -
         svc._check_admission("local", 5)
     svc._check_admission("local", 4)
     svc.drain(timeout_s=30)
+
+
+def test_a_call_refused_part_way_answers_the_refusal_and_keeps_nothing(tmp_path: Path) -> None:
+    import pytest
+
+    from renderq.service.render import Refused
+
+    cfg = ServiceConfig(spec=NULL, data_dir=tmp_path, max_n=8, max_queue_per_key=2)
+    svc = RenderService(cfg)
+    svc.start()
+    assert svc.ready.wait(timeout=60), svc.load_error
+    reqs = svc.build_requests("local", prompt="a red circle", n=3, seed=1, qa=False)
+
+    async def go() -> object:
+        return await svc.generate(reqs, None)
+
+    # The first two are queued, the third finds the queue full: the call is refused as a
+    # whole (429 queue_full, not the "cancelled" of the two taken back).
+    with pytest.raises(Refused) as info:
+        asyncio.run(go())
+    assert (info.value.status, info.value.reason) == (429, "queue_full")
+    assert svc._out == {} and svc._tenant_queued.get("local", 0) == 0
+    ok = asyncio.run(svc.generate(svc.build_requests("local", prompt="a", n=2, qa=False), None))
+    assert [r.state for r in ok] == ["skipped", "skipped"]
+    svc.drain(timeout_s=30)

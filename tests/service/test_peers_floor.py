@@ -33,3 +33,8 @@ def test_the_null_pass_measures_renderq_against_a_bare_fastapi_floor(tmp_path: P
     floor = rows["fastapi"]
     ratio = f"p50 {rows['renderq']['p50_s'] / floor['p50_s']:.2f}x"
     assert f"renderq over the bare FastAPI floor: {ratio}" in done.stdout
+    # One round: its ratio is the median, and the machine's load is reported beside it.
+    [(p50, p99)] = part["over_floor"]["renderq"]["rounds"]
+    assert p50 == pytest.approx(rows["renderq"]["p50_s"] / floor["p50_s"])
+    assert p99 == pytest.approx(rows["renderq"]["p99_s"] / floor["p99_s"])
+    assert len(part["loadavg"]) == 2 and "load average" in done.stdout

@@ -2,15 +2,27 @@
 
 Two checks, both before a request is queued: a bounded queue per key, and a deadline
 check. The deadline check asks the cost model when the request would finish if every
-batch ahead of it (of equal or higher priority) ran full on the key's workers. The work
-ahead is ``ahead * renders_per_request`` renders (the regenerations the queue ahead will
-still need, at the rate seen so far), the request's own batch is priced at its own size,
-and each regeneration the request itself may need adds one batch (regenerations go ahead
-of new requests, so a retry waits for one batch, not for the whole queue again) of the
-size the queue would fill, ``min(cap, ahead + 1)``:
-``now + (full batches * latency(cap) + latency(rest) + retries * latency(b)) / workers``.
-Pricing every retry the budget allows keeps requests admitted at the edge of their deadline
-from missing it when they fail the gate; it costs a short queue one small batch each.
+batch ahead of it (of equal or higher priority) ran full on the key's workers:
+``now + (full batches * latency(cap) + latency(rest) + retries * waits * latency(b)) /
+workers``.
+
+- The work ahead is the ``ahead`` requests' renders: ``renders_per_request`` each (the
+  regenerations they will still need) plus ``QUEUE_Z`` standard deviations of their sum
+  (``renders_sd`` per request), so that a queue whose requests fail the gate more often
+  than on average delays few admitted requests past their deadline; the request's own
+  batch is priced at its own size.
+- The request's own regenerations: each adds one batch (regenerations go ahead of new
+  requests, so a retry does not wait for the whole queue again) of the size the queue
+  would fill, ``min(cap, ahead + 1)``, and in a queue deeper than one batch a second one,
+  the batch already running when the retry is queued again. ``retries`` are as many as all but
+  ``MISS_SHARE`` of requests need, not the whole budget: pricing every retry the budget
+  allows refuses, near its deadline, work that nearly always passes on its first render.
+
+:class:`RenderStats` gives both from what the scheduler has seen: the renders finished
+requests needed, and the failure rate of attempts at the upper end of what the attempts
+so far allow (few observations are not trusted to be as good as they look; at a cold
+start under overload the queue fills before anything has finished).
+
 A request whose deadline falls before that is rejected with reason ``deadline``; callers
 may retry after the queue ahead has drained.
 """
@@ -23,6 +35,145 @@ from dataclasses import dataclass
 
 from renderq.core.errors import ConfigError
 from renderq.core.events import Admission
+
+MISS_SHARE = 0.01
+"""The share of gated requests admission lets go without pricing the retries they need."""
+
+QUEUE_Z = 2.33
+"""Standard deviations of the queue's regenerations priced above their mean (one-sided 99%)."""
+
+RATE_Z = 1.64
+"""The one-sided 95% normal quantile of the failure rate's upper bound (Wilson's)."""
+
+MIN_FINISHED = 20
+"""Finished requests before their renders are trusted; until then every retry is priced."""
+
+
+@dataclass(frozen=True, slots=True)
+class RenderCounts:
+    """How many renders finished requests needed: ``needed[j]`` of them took ``j + 1``."""
+
+    needed: tuple[int, ...] = ()
+
+    @property
+    def finished(self) -> int:
+        """Finished requests counted."""
+        return sum(self.needed)
+
+    def share_above(self, renders: int) -> float:
+        """The share of finished requests that needed more than ``renders`` renders."""
+        n = self.finished
+        return sum(self.needed[renders:]) / n if n else 0.0
+
+    def retries_to_price(self, budget: int, miss_share: float = MISS_SHARE) -> int:
+        """The fewest retries (at most ``budget``) that all but ``miss_share`` needed.
+
+        The whole budget until ``MIN_FINISHED`` requests have finished: nothing is known yet.
+        """
+        if self.finished < MIN_FINISHED:
+            return budget
+        for retries in range(budget):
+            if self.share_above(retries + 1) <= miss_share:
+                return retries
+        return budget
+
+
+class RenderStats:
+    """What finished requests and ended attempts say about the renders the next ones need.
+
+    The scheduler feeds it; admission reads the queue's renders (:meth:`ahead`) and a
+    request's own retries (:meth:`retries`) from it.
+    """
+
+    def __init__(self) -> None:
+        self.finished = 0
+        self.renders = 0
+        self.squared = 0
+        self.failed = 0  # attempts that ended in a regeneration or an escalation
+        self.passed = 0
+        self.gated: list[int] = []  # [j]: finished gated requests that took j + 1 renders
+
+    def finish(self, renders: int, *, gated: bool) -> None:
+        """A request ended (accepted or escalated) after ``renders`` renders."""
+        self.finished += 1
+        self.renders += renders
+        self.squared += renders * renders
+        if gated and renders:
+            self.gated.extend([0] * (renders - len(self.gated)))
+            self.gated[renders - 1] += 1
+
+    def attempt(self, *, passed: bool) -> None:
+        """An attempt ended: accepted, or failed (regenerated or escalated)."""
+        if passed:
+            self.passed += 1
+        else:
+            self.failed += 1
+
+    def per_request(self) -> float:
+        """Mean renders per finished request (1.0 until ``MIN_FINISHED`` have finished)."""
+        if self.finished < MIN_FINISHED:
+            return 1.0
+        return max(1.0, self.renders / self.finished)
+
+    def sd(self) -> float:
+        """Standard deviation of renders per finished request (0.0 until ``MIN_FINISHED``)."""
+        n = self.finished
+        if n < MIN_FINISHED:
+            return 0.0
+        mean = self.renders / n
+        return math.sqrt(max(0.0, self.squared / n - mean * mean))
+
+    def fail_rate(self) -> float:
+        """The share of attempts that fail, at the upper end of what the attempts so far
+        allow (Wilson's bound, one-sided 95%; 1.0 before any ended): few observations are
+        not trusted to be as good as they look."""
+        n = self.failed + self.passed
+        if n == 0:
+            return 1.0
+        z2 = RATE_Z * RATE_Z
+        p = self.failed / n
+        centre = p + z2 / (2 * n)
+        margin = RATE_Z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+        return min(1.0, (centre + margin) / (1 + z2 / n))
+
+    def ahead(self, budget: int) -> tuple[float, float]:
+        """Mean and standard deviation of the renders to price per request ahead.
+
+        The larger of what finished requests needed and what the attempts' failure rate
+        implies (``budget`` renders at most): early on the finished are mostly those that
+        passed at once, so the first alone would be low, and at a cold start under
+        overload the queue fills before anything has finished.
+        """
+        mean, sd = independent_renders(self.fail_rate(), budget)
+        return max(mean, self.per_request()), max(sd, self.sd())
+
+    def retries(self, budget: int) -> int:
+        """The retries to price for a request's own deadline (``budget`` renders at most).
+
+        As many as all but ``MISS_SHARE`` of the finished gated requests needed, or as the
+        failure rate's upper bound implies if that is more; every retry until
+        ``MIN_FINISHED`` have finished.
+        """
+        seen = RenderCounts(tuple(self.gated)).retries_to_price(budget - 1)
+        return max(seen, independent_retries(self.fail_rate(), budget - 1))
+
+
+def independent_renders(fail: float, budget: int) -> tuple[float, float]:
+    """Mean and standard deviation of renders per request, each attempt failing with
+    probability ``fail`` on its own, at most ``budget`` renders (the first included)."""
+    probs = [fail**j * (1.0 - fail) for j in range(budget - 1)] + [fail ** (budget - 1)]
+    mean = sum((j + 1) * q for j, q in enumerate(probs))
+    square = sum((j + 1) ** 2 * q for j, q in enumerate(probs))
+    return mean, math.sqrt(max(0.0, square - mean * mean))
+
+
+def independent_retries(fail: float, budget: int, miss_share: float = MISS_SHARE) -> int:
+    """The fewest retries (at most ``budget``) after which at most ``miss_share`` of
+    requests still fail, each attempt failing with probability ``fail`` on its own."""
+    for retries in range(budget):
+        if fail ** (retries + 1) <= miss_share:
+            return retries
+    return budget
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,17 +198,25 @@ def expected_finish(
     workers: int,
     *,
     renders_per_request: float = 1.0,
+    renders_sd: float = 0.0,
     retries: int = 0,
 ) -> float:
     """When a request with ``ahead`` requests before it would finish, batches running full.
 
-    ``renders_per_request`` prices the regenerations of the queue ahead; ``retries`` the
-    request's own (one batch each, as full as the queue would make it).
+    ``renders_per_request`` and ``renders_sd`` (mean and standard deviation per request)
+    price the regenerations of the queue ahead, ``QUEUE_Z`` deviations of their sum above
+    the mean; ``retries`` the request's own (one batch each, as full as the queue would
+    make it).
     """
-    total = math.ceil(ahead * renders_per_request) + 1
+    spread = QUEUE_Z * renders_sd * math.sqrt(ahead)
+    total = math.ceil(ahead * renders_per_request + spread) + 1
     full, rest = divmod(total, cap)
     busy = full * latency(cap) + (latency(rest) if rest else 0.0)
-    busy += retries * latency(min(cap, total))
+    # A retry is queued again when its score comes back. Where scoring overlaps rendering,
+    # a queue deeper than one batch has its next batch running by then: the retry waits
+    # for that batch and then rides in its own.
+    waits = 2 if total > cap else 1
+    busy += retries * waits * latency(min(cap, total))
     return now + busy / workers
 
 
@@ -71,6 +230,7 @@ def admit(
     cap: int,
     latency: Callable[[int], float] | None,
     renders_per_request: float = 1.0,
+    renders_sd: float = 0.0,
     retries: int = 0,
 ) -> Admission:
     """The admission verdict for one request (pure); see :func:`expected_finish`."""
@@ -90,6 +250,7 @@ def admit(
                 latency,
                 config.workers_per_device,
                 renders_per_request=renders_per_request,
+                renders_sd=renders_sd,
                 retries=retries,
             )
             if finish > deadline:

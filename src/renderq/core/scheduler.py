@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from renderq.core.admission import AdmissionConfig, admit
+from renderq.core.admission import AdmissionConfig, RenderStats, admit
 from renderq.core.cost import StageCost
 from renderq.core.errors import ConfigError, UnknownRequest
 from renderq.core.events import (
@@ -121,8 +121,7 @@ class Scheduler:
         self._batch_ids = itertools.count(1)
         self._cost_cache: dict[BatchKey, StageCost | None] = {}
         self._base_caps: dict[BatchKey, int] = {}
-        self._finished = 0
-        self._renders_of_finished = 0
+        self._renders = RenderStats()
         self._latency_scale: dict[str, float] = {}
         self._measured: set[str] = set()  # device classes a render batch came back from
 
@@ -166,9 +165,18 @@ class Scheduler:
         Admission multiplies its time estimate by this: a request that will need a
         regeneration costs its deadline a second render.
         """
-        if self._finished < 20:
-            return 1.0
-        return max(1.0, self._renders_of_finished / self._finished)
+        return self._renders.per_request()
+
+    def renders_sd(self) -> float:
+        """The standard deviation of renders per finished request (0.0 until 20 have finished)."""
+        return self._renders.sd()
+
+    def retries_to_price(self) -> int:
+        """The regenerations admission prices for a gated request's own deadline.
+
+        See :meth:`RenderStats.retries`: what all but 1% of requests need, as far as known.
+        """
+        return self._renders.retries(self.qa.max_attempts)
 
     def latency_scale(self, device_class: str) -> float:
         """Observed over predicted render latency on a device class (1.0 until a batch returns).
@@ -207,6 +215,9 @@ class Scheduler:
         # for good, so the first request on it while it is idle goes in and measures it.
         if cost is not None and dev not in self._measured and self._device_idle(dev):
             cost = None
+        priced = request.deadline is not None and cost is not None  # else no time to price
+        budget = self.qa.max_attempts if self.qa.enabled else 1
+        ahead_mean, ahead_sd = self._renders.ahead(budget) if priced else (1.0, 0.0)
         verdict = admit(
             self._admission,
             now=now,
@@ -215,8 +226,9 @@ class Scheduler:
             deadline=request.deadline,
             cap=self._cap(request.key),
             latency=(lambda n: cost.latency(n) * scale) if cost is not None else None,
-            renders_per_request=self.renders_per_request(),
-            retries=self.qa.max_attempts - 1 if gated else 0,
+            renders_per_request=ahead_mean,
+            renders_sd=ahead_sd,
+            retries=self.retries_to_price() if gated and priced else 0,
         )
         if not verdict.admitted:
             self._move(rec, _S.REJECTED)
@@ -400,6 +412,7 @@ class Scheduler:
         self._latency_scale[dev] = ratio if old is None else old + LATENCY_EWMA * (ratio - old)
 
     def _retry_or_escalate(self, rec: _Record, score: float | None, now: float) -> Event:
+        self._renders.attempt(passed=False)
         attempt = rec.request.attempt
         verdict = self.qa.retry(attempt) if score is None else self.qa.decide(score, attempt)
         if verdict is Verdict.REGENERATE:
@@ -506,6 +519,7 @@ class Scheduler:
         if new not in TRANSITIONS[rec.state]:
             check_transition(rec.state, new)  # raises with the message
         rec.state = new
+        if new is _S.ACCEPTED:
+            self._renders.attempt(passed=True)
         if new is _S.ACCEPTED or new is _S.ESCALATED:
-            self._finished += 1
-            self._renders_of_finished += len(rec.history)
+            self._renders.finish(len(rec.history), gated=rec.request.qa and self.qa.enabled)

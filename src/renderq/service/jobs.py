@@ -16,7 +16,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,11 +87,13 @@ class ServiceJob:
         out = []
         for pid, attempt in todo.items():
             row = self.rows[pid]
+            bucket = int(row.spec.get("prompt_bucket", 0))
+            key = dataclasses.replace(self.key, prompt_bucket=bucket)
             out.append(
                 Request(
                     id=f"{self.id}{SEP}{pid}",
                     prompt=row.prompt,
-                    key=self.key,
+                    key=key,
                     base_seed=row.base_seed,
                     attempt=attempt,
                     priority=int(self.meta["priority"]),
@@ -185,8 +187,13 @@ class JobBook:
         config: dict[str, Any],
         windows: str | None = None,
         max_attempts: int,
+        lengths: Sequence[Mapping[str, Any]] = (),
     ) -> ServiceJob:
-        """Write the job folder and store, and open it."""
+        """Write the job folder and store, and open it.
+
+        ``lengths``: each prompt's ``prompt_bucket`` and ``truncated`` (as ``renderq run``
+        records them); its requests ride in ``key`` with their own bucket.
+        """
         job_id = "job-" + uuid.uuid4().hex[:12]
         folder = self.root / job_id
         folder.mkdir(parents=True)
@@ -205,9 +212,12 @@ class JobBook:
         }
         spec = {"width": key.width, "height": key.height, "steps": key.steps}
         rows = [
-            PromptRow(f"p{i:06d}", i, text, seed, {**spec, "negative_prompt": neg})
+            PromptRow(
+                f"p{i:06d}", i, text, seed,
+                {**spec, "negative_prompt": neg, **(lengths[i] if lengths else {})},
+            )
             for i, (text, seed, neg) in enumerate(prompts)
-        ]
+        ]  # fmt: skip
         store = JobStore.open(folder / STORE_NAME)
         try:
             store.create_job({**config, "tenant": tenant, "job": job_id}, rows)

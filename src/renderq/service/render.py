@@ -2,7 +2,7 @@
 
 HTTP handlers never touch the scheduler: every submit, cancel and snapshot runs on the
 engine's loop thread through ``RealtimeEngine.call``, and results come back through
-futures that the service's listener resolves from the engine's steps. Interactive
+a future per call that the service's listener resolves from the engine's steps. Interactive
 requests ride at priority 10-19, bulk jobs at 0-9, so interactive work always goes first.
 """
 
@@ -31,7 +31,7 @@ from renderq.core.ledger import shares_by
 from renderq.core.protocols import Executor, Scorer
 from renderq.core.qa import QAPolicy
 from renderq.core.scheduler import Scheduler
-from renderq.core.settings import make_policy
+from renderq.core.settings import key_for, make_policy
 from renderq.core.stats import percentile
 from renderq.core.types import TERMINAL, Batch, BatchKey, Request, RequestState
 from renderq.runtime.realtime import RealtimeEngine, Step
@@ -67,10 +67,45 @@ class ImageResult:
 
 
 @dataclass(slots=True)
+class _Answer:
+    """The answer to one generation call: every image's result in order, or a failure.
+
+    One future for the call, resolved on the loop thread when its last image ends, so
+    the event loop is woken once per call.
+    """
+
+    done: Future[list[ImageResult]]
+    results: list[ImageResult | None]
+    left: int
+    #: Set when the call was refused while being submitted: its requests' ends say nothing.
+    abandoned: bool = False
+
+    def put(self, index: int, result: ImageResult) -> None:
+        """One image's final answer; the last one resolves the call."""
+        if self.abandoned or self.done.done():
+            return
+        self.results[index] = result
+        self.left -= 1
+        if self.left == 0:
+            self.done.set_result([r for r in self.results if r is not None])
+
+    def fail(self, exc: BaseException) -> None:
+        """The call fails (the first failure wins)."""
+        if not self.abandoned and not self.done.done():
+            self.done.set_exception(exc)
+
+    def forget(self, index: int) -> None:
+        """An image leaves the service: unanswered, it was cancelled, and so is the call."""
+        if self.results[index] is None:
+            self.fail(Refused(409, "cancelled", "the request was cancelled"))
+
+
+@dataclass(slots=True)
 class _Outstanding:
     tenant: str
     submitted: float
-    future: Future[ImageResult] | None = None
+    answer: _Answer | None = None  # None: a bulk prompt
+    index: int = 0
     qa: bool = True
 
 
@@ -222,7 +257,9 @@ class RenderService:
         """The requests for one generation call (validated against the loaded model)."""
         if n > self.config.max_n:
             raise ConfigError(f"n must be at most {self.config.max_n}, got {n}")
-        key, guidance = self._key_of(opts)
+        negative = opts.get("negative_prompt") or ""
+        plain, guidance = self._key_of(opts)
+        key, _ = self.prompt_key(plain, prompt, negative)
         seed = opts.get("seed")
         base = seed if seed is not None else int.from_bytes(os.urandom(6), "big")
         rid = f"i{self._nonce}-{next(self._ids)}"
@@ -234,7 +271,7 @@ class RenderService:
                 base_seed=base + i,
                 priority=INTERACTIVE_PRIORITY + int(opts.get("priority") or 0),
                 guidance_scale=guidance,
-                negative_prompt=opts.get("negative_prompt") or "",
+                negative_prompt=negative,
                 tenant=tenant,
                 qa=bool(opts.get("qa", True)),
             )
@@ -249,43 +286,39 @@ class RenderService:
         One future carries the refusal or every answer, so the event loop is woken once
         per call, not once for the admission and again for the images.
         """
-        done: Future[list[ImageResult]] = Future()
+        answer = _Answer(Future(), [None] * len(requests), len(requests))
 
         def submit(now: float) -> None:
             try:
-                futures = self._submit_interactive(requests, deadline_s, now)
+                self._submit_interactive(requests, deadline_s, now, answer)
             except Exception as exc:
-                done.set_exception(exc)
-                return
-            _all_into(futures, done)
+                answer.abandoned = False
+                answer.fail(exc)
 
         self._call(submit)
-        return await asyncio.wrap_future(done)
+        return await asyncio.wrap_future(answer.done)
 
     def _submit_interactive(
-        self, requests: Sequence[Request], deadline_s: float | None, now: float
-    ) -> list[Future[ImageResult]]:
+        self, requests: Sequence[Request], deadline_s: float | None, now: float, answer: _Answer
+    ) -> None:
         tenant = requests[0].tenant
         self._check_admission(tenant, len(requests))
         sched = self._scheduler()
         done: list[Request] = []
-        futures: list[Future[ImageResult]] = []
-        for r in requests:
+        for i, r in enumerate(requests):
             if deadline_s is not None:
                 r = dataclasses.replace(r, deadline=now + deadline_s, arrival=now)
             verdict = sched.submit(r, now)
             if not verdict.admitted:
+                answer.abandoned = True  # the refusal, not the cancels, answers the call
                 for d in done:
                     self._forget(d.id, sched.cancel(d.id, now))
                 sched.forget(r.id)
                 retry = verdict.retry_after_s or 1.0
                 self._refuse(429, verdict.reason, verdict.detail, retry, tenant)
-            fut: Future[ImageResult] = Future()
-            self._out[r.id] = _Outstanding(tenant, now, fut, r.qa)
+            self._out[r.id] = _Outstanding(tenant, now, answer, i, r.qa)
             self._tenant_queued[tenant] = self._tenant_queued.get(tenant, 0) + 1
             done.append(r)
-            futures.append(fut)
-        return futures
 
     def _check_admission(self, tenant: str, n: int) -> None:
         if self.draining:
@@ -318,6 +351,13 @@ class RenderService:
                 f"a job holds at most {self.config.max_job_prompts} prompts, got {len(prompts)}"
             )
         key, guidance = self._key_of(opts)
+        lengths = []
+        for i, (text, _seed, negative) in enumerate(prompts):
+            try:
+                bucketed, truncated = self.prompt_key(key, text, negative)
+            except ConfigError as exc:
+                raise ConfigError(f"prompt {i}: {exc}") from None
+            lengths.append({"prompt_bucket": bucketed.prompt_bucket, "truncated": truncated})
         if self.draining:
             self._refuse(503, "draining", DRAINING, 5.0, tenant)
         mode = str(opts.get("mode", "dynamic"))
@@ -327,6 +367,7 @@ class RenderService:
             job = self.jobs.create(
                 tenant,
                 prompts,
+                lengths=lengths,
                 key=key,
                 guidance=guidance,
                 priority=int(opts.get("priority") or 0),
@@ -505,7 +546,7 @@ class RenderService:
             self.metrics.qa.labels(outcome="skipped" if skipped else "pass").inc()
         elif isinstance(ev, Escalated):
             self.metrics.qa.labels(outcome="escalate").inc()
-        if o is not None and o.future is not None:
+        if o is not None and o.answer is not None:
             kind = "interactive"
             last = ev.history[-1] if ev.history else None
             state = (
@@ -515,7 +556,8 @@ class RenderService:
             )
             if isinstance(ev, Accepted) and not o.qa:
                 state = "skipped"
-            o.future.set_result(
+            o.answer.put(
+                o.index,
                 ImageResult(
                     ev.request.id,
                     _image_of(ev, step),
@@ -525,7 +567,7 @@ class RenderService:
                     state,
                     last.batch_id if last else 0,
                     last.batch_size if last else 0,
-                )
+                ),
             )
             self._stats.latencies.append(now - o.submitted)
             self.metrics.latency.labels(kind=kind).observe(now - o.submitted)
@@ -537,10 +579,9 @@ class RenderService:
 
     def _forget(self, request_id: str, events: Sequence[Event]) -> None:
         o = self._out.pop(request_id, None)
-        if o is not None and o.future is not None:
+        if o is not None and o.answer is not None:
             self._tenant_queued[o.tenant] = self._tenant_queued.get(o.tenant, 1) - 1
-            if not o.future.done():
-                o.future.set_exception(Refused(409, "cancelled", "the request was cancelled"))
+            o.answer.forget(o.index)
         sched = self._scheduler()
         try:
             if sched.state(request_id) in TERMINAL:
@@ -646,42 +687,57 @@ class RenderService:
     # -- helpers ----------------------------------------------------------------------
 
     def _key_of(self, opts: dict[str, Any]) -> tuple[BatchKey, float]:
-        """The batch key and guidance of a request's size/steps/guidance (checked)."""
+        """The batch key (prompt bucket 0) and guidance of a request's size/steps/guidance.
+
+        Checked against the loaded model; :meth:`prompt_key` adds the prompt's own part.
+        """
         d = self._defaults()
         width, height = opts.get("size") or (d.width, d.height)
-        self._executor_check_size(width, height)
+        self._executor_check("check_size", width, height)
         steps = opts.get("steps") or d.steps
         if steps > self.config.max_steps:
             raise ConfigError(f"steps must be at most {self.config.max_steps}, got {steps}")
         guidance = d.guidance if opts.get("guidance") is None else float(opts["guidance"])
         return self.key(width, height, steps, guidance), guidance
 
-    def key(self, width: int, height: int, steps: int, guidance: float) -> BatchKey:
-        """The batch key of a request to the served model."""
+    def key(
+        self, width: int, height: int, steps: int, guidance: float, prompt_bucket: int = 0
+    ) -> BatchKey:
+        """The batch key of a request to the served model (the rule ``renderq run`` uses)."""
         d = self._defaults()
-        return BatchKey(
-            self.config.spec.model,
-            width,
-            height,
-            steps,
-            guidance > 1.0,
-            d.sampler,
-            self.config.spec.precision,
-            self._executor.device_class if self._executor else self.config.spec.device,
-        )
+        device = self._executor.device_class if self._executor else self.config.spec.device
+        return key_for(
+            self.config.spec.model, width, height, steps, guidance, d.sampler,
+            self.config.spec.precision, device, prompt_bucket,
+        )  # fmt: skip
+
+    def prompt_key(
+        self, key: BatchKey, prompt: str, negative_prompt: str = ""
+    ) -> tuple[BatchKey, list[str]]:
+        """``key`` with the prompt's length bucket, and the encoders that would cut it.
+
+        The negative prompt is checked by the executor first: a model that would ignore
+        one refuses it (ConfigError naming it), as ``renderq run`` does.
+        """
+        self._executor_check("check_negative_prompt", negative_prompt)
+        bucket, truncated = prompt_length(self._executor, prompt)
+        if bucket != key.prompt_bucket:
+            key = dataclasses.replace(key, prompt_bucket=bucket)
+        return key, truncated
 
     def _busy(self) -> int:
         sched = self._scheduler()
         states = sched.states().values()
         running = sum(1 for s in states if s in (RequestState.RUNNING, RequestState.SCORING))
         # Admitted interactive requests are a promise: they are answered before the stop.
-        waiting = sum(1 for o in self._out.values() if o.future is not None)
+        waiting = sum(1 for o in self._out.values() if o.answer is not None)
         return running + waiting
 
-    def _executor_check_size(self, width: int, height: int) -> None:
-        check = getattr(self._executor, "check_size", None)
+    def _executor_check(self, name: str, *args: Any) -> None:
+        """Run the executor's input check ``name`` where it has one (the null model has not)."""
+        check = getattr(self._executor, name, None)
         if check is not None:
-            check(width, height)
+            check(*args)
 
     def _defaults(self) -> Defaults:
         if self.defaults is None or not self.ready.is_set():
@@ -733,26 +789,30 @@ def load_models(config: ServiceConfig) -> tuple[Executor, Scorer, Defaults]:
     return executor, scorer, defaults
 
 
+def prompt_length(executor: Any, prompt: str) -> tuple[int, list[str]]:
+    """The executor's length bucket of ``prompt`` and what would truncate it (0, none: an
+    executor without text-encoder buckets)."""
+    measure = getattr(executor, "prompt_length", None)
+    if measure is None:
+        return 0, []
+    length = measure(prompt)
+    return int(length.bucket), list(length.truncated)
+
+
 def warm_up(executor: Executor, d: Defaults, cap: int) -> LatencyCurve:
     """Render a batch of 1 and of ``cap`` (one warm-up, two timed runs each): the cost curve.
 
     Admission corrects it later by the latency it observes (``Scheduler.latency_scale``).
     """
-    key = BatchKey(
-        "warm-up",
-        d.width,
-        d.height,
-        d.steps,
-        d.guidance > 1.0,
-        d.sampler,
-        "-",
-        executor.device_class,
-    )
+    prompt = "a red circle"
+    key = key_for(
+        "warm-up", d.width, d.height, d.steps, d.guidance, d.sampler, "-",
+        executor.device_class, prompt_length(executor, prompt)[0],
+    )  # fmt: skip
     points = []
     for n in sorted({1, cap}):
         reqs = tuple(
-            Request(f"w{i}", "a red circle", key, base_seed=i, guidance_scale=d.guidance)
-            for i in range(n)
+            Request(f"w{i}", prompt, key, base_seed=i, guidance_scale=d.guidance) for i in range(n)
         )
         executor.run(Batch(0, key, reqs, 0.0, n))  # the first call of a size is the slowest
         # The faster of two timed runs: a one-off stall should not price every request.
@@ -765,28 +825,6 @@ def scaled_cost(curve: LatencyCurve, key: BatchKey, d: Defaults) -> StageCost:
     """The warm-up curve scaled to a key's steps and pixels (linear in both, an estimate)."""
     factor = (key.steps / d.steps) * (key.width * key.height) / (d.width * d.height)
     return StageCost(LatencyCurve(curve.sizes, tuple(s * factor for s in curve.seconds)))
-
-
-def _all_into(futures: Sequence[Future[ImageResult]], done: Future[list[ImageResult]]) -> None:
-    """Resolve ``done`` with every future's result in order, or the first exception."""
-    left = [len(futures)]
-    if not futures:
-        done.set_result([])
-        return
-
-    def one(fut: Future[ImageResult]) -> None:
-        if done.done():
-            return
-        exc = fut.exception()
-        if exc is not None:
-            done.set_exception(exc)
-            return
-        left[0] -= 1
-        if left[0] == 0:
-            done.set_result([f.result() for f in futures])
-
-    for fut in futures:
-        fut.add_done_callback(one)
 
 
 def _image_of(ev: Event, step: Step) -> Any:

@@ -1,0 +1,123 @@
+"""Admission's pricing of regenerations, on a fake clock (plain numbers; no sleeps)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from renderq.core.admission import (
+    MIN_FINISHED,
+    MISS_SHARE,
+    RenderCounts,
+    RenderStats,
+    independent_renders,
+    independent_retries,
+)
+from renderq.core.cost import LatencyCurve, StageCost
+from renderq.core.policies import Dynamic
+from renderq.core.qa import QAPolicy
+from renderq.core.scheduler import Scheduler
+from renderq.core.types import BatchResult, ItemResult, Request, RequestState, ScoreResult
+from tests.core.driver import key
+
+K = key(0)
+COST = StageCost(LatencyCurve((1, 4), (1.0, 2.0)))
+
+
+def req(i: int, deadline: float | None = None) -> Request:
+    return Request(f"r{i}", f"prompt {i}", K, base_seed=i, deadline=deadline)
+
+
+def drain(s: Scheduler, now: float, passes: bool = True) -> float:
+    """Render and score everything queued, one batch at a time, each at the curve's price."""
+    while not s.idle():
+        for b in s.schedule(now, {"gpu0": 1}):
+            now += COST.latency(b.size)
+            items = tuple(ItemResult(r.id, r.id) for r in b.requests)
+            s.on_result(BatchResult(b.id, items, COST.latency(b.size), "gpu0"), now)
+            scores = tuple(0.9 if passes else 0.1 for _ in b.requests)
+            s.on_scores([r.id for r in b.requests], ScoreResult(scores, 0.0, "gpu0"), now)
+    return now
+
+
+def test_a_lone_request_that_would_pass_at_once_is_admitted_and_served_in_time() -> None:
+    s = Scheduler(Dynamic(0.0, 4), qa=QAPolicy(0.5, max_attempts=3), cost=lambda k: COST)
+    for i in range(300):  # every one accepted on its first render
+        s.submit(req(i), 0.0)
+    now = drain(s, 0.0)
+    # 0 failures in 300 attempts bound the failure rate below 0.9%: no retry to price.
+    assert s.retries_to_price() == 0
+    # Alone, it renders in 1 s. Pricing the two retries the budget allows (3 s) refused
+    # it, although nothing seen so far needed a retry.
+    verdict = s.submit(req(1000, deadline=now + 1.5), now)
+    assert verdict.admitted, verdict
+    done = drain(s, now)
+    assert s.state("r1000") is RequestState.ACCEPTED and done <= now + 1.5
+
+
+def test_retries_are_priced_again_once_requests_need_them() -> None:
+    s = Scheduler(Dynamic(0.0, 4), qa=QAPolicy(0.5, max_attempts=3), cost=lambda k: COST)
+    for i in range(20):
+        s.submit(req(i), 0.0)
+    now = drain(s, 0.0, passes=False)  # every attempt fails: each escalated after three
+    assert s.retries_to_price() == 2
+    assert not s.submit(req(100, deadline=now + 2.5), now).admitted
+    assert s.submit(req(101, deadline=now + 3.5), now).admitted
+
+
+def test_every_retry_is_priced_until_enough_requests_have_finished() -> None:
+    s = Scheduler(Dynamic(0.0, 4), qa=QAPolicy(0.5, max_attempts=3), cost=lambda k: COST)
+    for i in range(MIN_FINISHED - 1):
+        s.submit(req(i), 0.0)
+    drain(s, 0.0)
+    assert s.retries_to_price() == 2
+
+
+@given(st.lists(st.integers(0, 200), min_size=1, max_size=5), st.integers(0, 4))
+def test_retries_priced_cover_all_but_the_miss_share(needed: list[int], budget: int) -> None:
+    counts = RenderCounts(tuple(needed))
+    k = counts.retries_to_price(budget)
+    assert 0 <= k <= budget
+    if counts.finished < MIN_FINISHED:
+        assert k == budget
+    else:
+        assert k == budget or counts.share_above(k + 1) <= MISS_SHARE
+        assert k == 0 or counts.share_above(k) > MISS_SHARE  # the fewest that do
+
+
+def test_render_counts_share_above() -> None:
+    counts = RenderCounts((90, 9, 1))  # 90 took one render, 9 two, 1 three
+    assert counts.finished == 100
+    assert counts.share_above(1) == pytest.approx(0.10)
+    assert counts.share_above(2) == pytest.approx(0.01)
+    assert counts.share_above(3) == 0.0
+    assert counts.retries_to_price(2) == 1
+
+
+def test_the_failure_rate_is_priced_at_its_upper_bound() -> None:
+    stats = RenderStats()
+    assert stats.fail_rate() == 1.0  # nothing known: the worst
+    for i in range(30):
+        stats.attempt(passed=i % 3 != 0)  # 10 of 30 fail
+    assert stats.fail_rate() == pytest.approx(0.483, abs=1e-3)  # Wilson, one-sided 95%
+    for _ in range(270):
+        stats.attempt(passed=True)
+    assert 10 / 300 < stats.fail_rate() < 0.06
+    assert stats.ahead(1) == (1.0, 0.0)  # no retries allowed: one render each
+    mean, sd = stats.ahead(3)
+    assert (mean, sd) == independent_renders(stats.fail_rate(), 3)
+
+
+def test_independent_failures_give_the_truncated_geometric() -> None:
+    assert independent_renders(0.0, 3) == (1.0, 0.0)
+    assert independent_renders(1.0, 3) == (3.0, 0.0)
+    mean, sd = independent_renders(0.5, 2)
+    assert (mean, sd) == pytest.approx((1.5, 0.5))
+    mean, sd = independent_renders(1 / 3, 3)  # 2/3 one render, 2/9 two, 1/9 three
+    assert mean == pytest.approx(13 / 9) and sd == pytest.approx(math.sqrt(23 / 9 - (13 / 9) ** 2))
+    assert independent_retries(0.05, 2) == 1  # 5% fail once, 0.25% twice
+    assert independent_retries(0.2, 2) == 2  # 4% would still fail after one retry
+    assert independent_retries(0.0, 2) == 0
