@@ -63,3 +63,32 @@ def test_bad_input_names_the_bad_value() -> None:
         app, ["simulate", "--profile", "article-sdxl-a100", "--arrival", "poisson:x"]
     )
     assert res.exit_code != 0 and "poisson:x" in res.output
+
+
+def test_a_measured_fix_curve_decides_which_retries_pass() -> None:
+    """Of the prompts still failing, attempt k passes at the curve's k-th chance."""
+    args = ["simulate", "--profile", "mini-sd-cpu", "--renders", "20000", "--modes", "window",
+            "--failure-rate", "0.4", "--fix-curve", "0.5,0.25", "--max-attempts", "4",
+            "--json"]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    run = data["modes"]["window"]
+    assert data["fix_curve"] == [0.5, 0.25]
+    # 40% fail first; half of those pass at attempt 2; a quarter of the rest at 3 and 4
+    # (past the curve its last chance holds): 20000 * 0.4 * 0.5 * 0.75 * 0.75 escalate.
+    expected = 20_000 * 0.4 * 0.5 * 0.75 * 0.75
+    assert abs(run["escalated"] - expected) < 4 * (expected * (1 - expected / 20_000)) ** 0.5
+    rerenders = 20_000 * 0.4 * (1 + 0.5 + 0.5 * 0.75)
+    assert abs(run["rerenders"] - rerenders) < 0.03 * rerenders
+
+
+def test_the_embedded_fix_curve_is_the_model_cards_and_bad_curves_are_named() -> None:
+    from renderq.backends.registry import fix_curve
+
+    curve = fix_curve("embedded")
+    assert len(curve) >= 3 and all(0 <= c <= 1 for c in curve)
+    res = CliRunner().invoke(app, ["simulate", "--profile", "mini-sd-cpu", "--fix-curve", "0.5,x"])
+    assert res.exit_code == 2 and "0.5,x" in res.output
+    res = CliRunner().invoke(app, ["simulate", "--profile", "mini-sd-cpu", "--fix-curve", "1.5"])
+    assert res.exit_code == 2 and "1.5" in res.output

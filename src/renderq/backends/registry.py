@@ -184,3 +184,29 @@ def fingerprint(model_id: str) -> str:
                 fh.seek(size - _EDGE_BYTES)
                 digest.update(fh.read(_EDGE_BYTES))
     return "sha256:" + digest.hexdigest()
+
+
+def fix_curve(spec: str) -> tuple[float, ...]:
+    """A regeneration curve for the simulator: ``embedded`` or comma-separated chances.
+
+    ``embedded`` is the embedded model's measured curve (``weights/figures.json``
+    ``fix_curve``: of the prompts whose first attempts failed the whole-prompt check, the
+    share the next seed fixes, by attempt), as the model card reports it.
+    """
+    spec = spec.strip()
+    if not spec:
+        return ()
+    if spec == "embedded":
+        common = importlib.import_module("renderq.models.shapes.common")
+        figures = json.loads((Path(common.WEIGHTS_DIR) / "figures.json").read_text())
+        return tuple(float(v) for v in figures["fix_curve"])
+    try:
+        curve = tuple(float(v) for v in spec.split(","))
+    except ValueError:
+        raise ConfigError(
+            f"--fix-curve must be 'embedded' or chances like 0.35,0.14,0.12, got {spec!r}"
+        ) from None
+    bad = [v for v in curve if not 0.0 <= v <= 1.0]
+    if bad:
+        raise ConfigError(f"--fix-curve chances must be in [0, 1], got {bad[0]} in {spec!r}")
+    return curve

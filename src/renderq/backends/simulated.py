@@ -71,8 +71,12 @@ class SimulatedExecutor:
 class SimulatedScorer:
     """QA failure model: each attempt fails with ``failure_rate``; "hard" prompts never pass.
 
-    Outcomes depend only on ``(seed, request id, attempt)``, not on batching or event
-    order, so every mode of one simulation sees the same failures.
+    With a ``fix_curve`` the retries follow a measured regeneration curve instead: a
+    prompt whose attempts so far failed passes at attempt ``k`` (k >= 1) with probability
+    ``fix_curve[k - 1]`` (the last value for attempts past the curve), the first attempt
+    still failing with ``failure_rate``. Outcomes depend only on ``(seed, request id,
+    attempt)``, not on batching or event order, so every mode of one simulation sees the
+    same failures.
     """
 
     cost: StageCost
@@ -84,14 +88,24 @@ class SimulatedScorer:
     #: Replayed outcomes, ``(request id, attempt) -> passed``: a real run's QA results,
     #: so a simulation of that run fails exactly the attempts that failed for real.
     outcomes: Mapping[tuple[str, int], bool] | None = None
+    #: Pass probability of attempt k+1 among prompts whose attempts 0..k failed.
+    fix_curve: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         _check_fraction("failure rate", self.failure_rate)
         _check_fraction("hard share", self.hard_share)
+        for k, value in enumerate(self.fix_curve, start=1):
+            _check_fraction(f"fix curve at attempt {k}", value)
 
     def is_hard(self, request_id: str) -> bool:
         """Whether this prompt never passes the gate."""
         return random.Random(f"{self.seed}:hard:{request_id}").random() < self.hard_share
+
+    def fail_chance(self, attempt: int) -> float:
+        """The chance that attempt ``attempt`` fails, given that every earlier one failed."""
+        if attempt == 0 or not self.fix_curve:
+            return self.failure_rate
+        return 1.0 - self.fix_curve[min(attempt, len(self.fix_curve)) - 1]
 
     def score_one(self, request: Request) -> float:
         """The score of one attempt: above the threshold when it passes, below when not."""
@@ -102,7 +116,7 @@ class SimulatedScorer:
         if replayed is not None:
             fails = not replayed
         else:
-            fails = self.is_hard(request.id) or rng.random() < self.failure_rate
+            fails = self.is_hard(request.id) or rng.random() < self.fail_chance(request.attempt)
         margin = rng.uniform(0.001, 0.1)
         return self.threshold - margin if fails else self.threshold + margin
 

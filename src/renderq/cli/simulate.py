@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from renderq.backends import registry
 from renderq.core.errors import ConfigError
 from renderq.core.policies import Policy, Windows, parse_sizes
 from renderq.core.settings import MODES, Batching, QASettings, make_policy
@@ -84,6 +85,13 @@ def simulate_command(
         str, typer.Option(help="offline | poisson:RATE | burst:SIZE@PERIOD | trace:PATH")
     ] = "offline",
     hard_share: Annotated[float, typer.Option(help="Share of prompts that never pass.")] = 0.0,
+    fix_curve: Annotated[
+        str,
+        typer.Option(
+            help="Retries pass by a measured curve: 'embedded' (the embedded model's) or "
+            "chances by attempt, e.g. 0.35,0.14,0.12; the first attempt fails at --failure-rate."
+        ),
+    ] = "",
     max_attempts: Annotated[
         int, typer.Option(help="Attempts per prompt, first included.")
     ] = _QA.max_attempts,
@@ -114,7 +122,8 @@ def simulate_command(
         arr = tuple(arrivals(arrival, renders, random.Random(seed)))
         cfg = SimConfig(
             prof, arr, failure_rate=failure_rate, hard_share=hard_share,
-            qa=QASettings(max_attempts=max_attempts), render_workers=workers, seed=seed,
+            fix_curve=registry.fix_curve(fix_curve), qa=QASettings(max_attempts=max_attempts),
+            render_workers=workers, seed=seed,
             jitter=jitter, deadline_s=deadline_s, price_per_hour=price_per_hour,
         )  # fmt: skip
         results = {m: simulate(p, cfg) for m, p in policies.items()}
@@ -125,6 +134,7 @@ def simulate_command(
             "profile": {"name": prof.name, "source": dict(prof.source)},
             "renders": renders,
             "failure_rate": failure_rate,
+            "fix_curve": list(cfg.fix_curve),
             "arrival": arrival,
             "seed": seed,
             "modes": {m: r.to_dict() for m, r in results.items()},
@@ -136,5 +146,6 @@ def simulate_command(
         f"profile [bold]{prof.name}[/] ({prof.source['kind']}): {prof.model} on "
         f"{prof.device_class} {prof.precision}, {prof.width}x{prof.height}; "
         f"{renders} prompts, failure rate {failure_rate}, arrival {arrival}"
+        + (f", retries fixed by attempt {list(cfg.fix_curve)}" if cfg.fix_curve else "")
     )
     render_table(results, console)

@@ -44,6 +44,9 @@ class SimConfig:
     arrivals: tuple[Arrival, ...]
     failure_rate: float = 0.08
     hard_share: float = 0.0
+    #: A measured regeneration curve (see SimulatedScorer): retries pass with these
+    #: chances by attempt instead of ``failure_rate``.
+    fix_curve: tuple[float, ...] = ()
     #: The gate; an unset threshold is the fallback (the simulated scorer scores around it).
     qa: QASettings = field(default_factory=QASettings)
     render_workers: int = 1
@@ -295,6 +298,7 @@ def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
             cfg.hard_share,
             qa.threshold,
             cfg.outcomes,
+            cfg.fix_curve,
         ),
         ScoreStage(
             score_cap(cfg.score_batch_size, policy.max_batch_size, profile.score.cap()),
