@@ -1,4 +1,4 @@
-"""The step-level executor against the whole-batch path, on the embedded model and tiny SDXL.
+"""The step-level executor against the whole-batch path: embedded mini-SD, tiny SDXL and SD3.
 
 Equality is checked two ways. In float32, a running batch that starts together with one
 step count is the same computation as one pipeline call and must match it to 1e-4. With
@@ -188,7 +188,37 @@ def test_sdxl_joins_mid_way_and_equals_the_whole_batch_path(tmp_path: Path) -> N
         assert np.abs(got[r.id] - ref).max() <= TOL, r.id
 
 
-def test_transformer_pipelines_are_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shifting", [False, True])
+def test_sd3_flow_matching_joins_mid_way_and_equals_the_whole_batch_path(
+    tmp_path: Path, shifting: bool
+) -> None:
+    """Tiny SD3 (FlowMatchEuler, with and without resolution-dependent shifting), float32."""
+    import diffusers
+
     ex = DiffusersExecutor.load(str(tiny.build_tiny_sd3(tmp_path)), name="tiny-sd3")
-    with pytest.raises(ConfigError, match="tiny-sd3"):
+    if shifting:
+        config = ex.pipeline.scheduler.config
+        ex.pipeline.scheduler = diffusers.FlowMatchEulerDiscreteScheduler.from_config(
+            config, use_dynamic_shifting=True
+        )
+    w, h = ex.default_size()
+
+    def sd3(i: int, steps: int, guidance: float, negative: str = "") -> Request:
+        prompt = PROMPTS[i]
+        bucket = ex.prompt_length(prompt).bucket
+        key = key_for(ex.model, w, h, steps, guidance, ex.sampler, "fp32", "cpu", bucket)
+        return Request(f"r{i}", prompt, key, 500 + i, guidance_scale=guidance,
+                       negative_prompt=negative)  # fmt: skip
+
+    a, b, c = sd3(0, 3, 5.0), sd3(1, 4, 3.0, "dark"), sd3(2, 2, 5.0)
+    got, _ = _drive(StepExecutor(ex.pipeline, ex.model), {0: [a, b], 1: [c]})
+    for r in (a, b, c):
+        (ref,) = _whole_batch(ex, [r])
+        assert np.abs(got[r.id] - ref).max() <= TOL, r.id
+    assert np.abs(got["r0"] - got["r2"]).max() > 100 * TOL
+
+
+def test_flux_is_refused(tmp_path: Path) -> None:
+    ex = DiffusersExecutor.load(str(tiny.build_tiny_flux(tmp_path)), name="tiny-flux")
+    with pytest.raises(ConfigError, match="tiny-flux"):
         StepExecutor(ex.pipeline, ex.model)

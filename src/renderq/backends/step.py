@@ -22,8 +22,10 @@ in (rows of one running batch cost the same: same key, same guidance on/off), an
 share of the decode batch it left in. The shares of one call add up to what the call took,
 so a ledger fed from them stays exact when the batch changes every step.
 
-Supported: UNet text-to-image pipelines (Stable Diffusion 1.x/2.x and the embedded
-mini-SD, SDXL) with any diffusers scheduler whose ``step`` takes one request's tensors.
+Supported: the UNet pipelines (Stable Diffusion 1.x/2.x and the embedded mini-SD, SDXL)
+with any diffusers scheduler whose ``step`` takes one request's tensors, and SD3's
+flow-matching transformer (``FlowMatchEulerDiscreteScheduler``, with resolution-dependent
+shifting where configured). Flux (packed latents, guidance as an embedding) is refused.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from renderq.core.errors import ConfigError
 from renderq.core.settings import uses_cfg
 from renderq.core.types import Batch, BatchResult, ItemResult, Request
 
-_FAMILIES = ("sd", "sdxl")
+_FAMILIES = ("sd", "sdxl", "sd3")
 
 
 @dataclass(slots=True)
@@ -107,16 +109,41 @@ class StepExecutor:
             self.device_class = self.device
         self.timer = DeviceTimer(self.device, self.clock)
         self.rules = rules_for(self.pipeline)
-        if self.rules.arch.name not in _FAMILIES or getattr(self.pipeline, "unet", None) is None:
+        if self.rules.arch.name not in _FAMILIES or self._denoiser() is None:
             raise ConfigError(
-                f"the step executor renders UNet pipelines ({', '.join(_FAMILIES)}); model "
+                f"the step executor renders {', '.join(_FAMILIES)} pipelines; model "
                 f"{self.model!r} is {type(self.pipeline).__name__}"
             )
-        if getattr(self.pipeline.unet.config, "time_cond_proj_dim", None) is not None:
+        if getattr(self._denoiser().config, "time_cond_proj_dim", None) is not None:
             raise ConfigError(
                 f"model {self.model!r} embeds the guidance scale in its timestep (LCM-style); "
                 "the step executor does not drive such UNets"
             )
+
+    def _denoiser(self) -> Any:
+        """The UNet or, for SD3, the transformer."""
+        return getattr(self.pipeline, "unet", None) or getattr(self.pipeline, "transformer", None)
+
+    def _shift(self, key: Any) -> dict[str, Any]:
+        """``mu`` for flow-matching schedulers with resolution-dependent shifting (as SD3)."""
+        config = self.pipeline.scheduler.config
+        if not config.get("use_dynamic_shifting", False):
+            return {}
+        from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import (
+            calculate_shift,
+        )
+
+        vae = int(getattr(self.pipeline, "vae_scale_factor", 8) or 8)
+        patch = int(self._denoiser().config.patch_size)
+        seq_len = (key.height // vae // patch) * (key.width // vae // patch)
+        mu = calculate_shift(
+            seq_len,
+            config.get("base_image_seq_len", 256),
+            config.get("max_image_seq_len", 4096),
+            config.get("base_shift", 0.5),
+            config.get("max_shift", 1.16),
+        )
+        return {"mu": mu}
 
     # -- prepare ----------------------------------------------------------------------
 
@@ -138,7 +165,7 @@ class StepExecutor:
         with torch.inference_mode():
             cond = self._encode(request)
             scheduler = copy.deepcopy(pipe.scheduler)
-            scheduler.set_timesteps(key.steps, device=self.device)
+            scheduler.set_timesteps(key.steps, device=self.device, **self._shift(key))
             if hasattr(scheduler, "set_begin_index"):
                 scheduler.set_begin_index(0)
             # One generator per request, on the device, drawn exactly as the pipeline's
@@ -146,7 +173,7 @@ class StepExecutor:
             generator = torch.Generator(device=self.device).manual_seed(request.seed)
             shape = (
                 1,
-                int(pipe.unet.config.in_channels),
+                int(self._denoiser().config.in_channels),
                 key.height // vae_factor,
                 key.width // vae_factor,
             )
@@ -158,7 +185,9 @@ class StepExecutor:
                 device=torch.device(self.device),
                 dtype=cond["embeds"].dtype,
             )
-            latents = noise * scheduler.init_noise_sigma
+            # Flow-matching schedulers start from the noise itself (no init_noise_sigma).
+            sigma = getattr(scheduler, "init_noise_sigma", None)
+            latents = noise if sigma is None else noise * sigma
         return StepState(request, scheduler, scheduler.timesteps, latents, cond, generator)
 
     def _encode(self, request: Request) -> dict[str, Any]:
@@ -170,6 +199,21 @@ class StepExecutor:
         if self.rules.arch.name == "sd":
             pos, neg = pipe.encode_prompt(request.prompt, self.device, 1, cfg, negative)
             return {"embeds": torch.cat([neg, pos]) if cfg else pos}
+        if self.rules.arch.name == "sd3":
+            bucket = request.key.prompt_bucket
+            pos, neg, pooled, neg_pooled = pipe.encode_prompt(
+                prompt=request.prompt,
+                prompt_2=None,
+                prompt_3=None,
+                negative_prompt=negative,
+                do_classifier_free_guidance=cfg,
+                device=self.device,
+                num_images_per_prompt=1,
+                **({"max_sequence_length": bucket} if bucket else {}),
+            )
+            if not cfg:
+                return {"embeds": pos, "pooled": pooled}
+            return {"embeds": torch.cat([neg, pos]), "pooled": torch.cat([neg_pooled, pooled])}
         # SDXL: the rules' "zeros" case (no negative prompt, force_zeros_for_empty_prompt)
         # is what encode_prompt itself does when given no negative prompt.
         pos, neg, pooled, neg_pooled = pipe.encode_prompt(
@@ -218,6 +262,8 @@ class StepExecutor:
             # Each request's scheduler scales its own rows (Euler divides by its sigma).
             scaled = [
                 s.scheduler.scale_model_input(s.latents, t)
+                if hasattr(s.scheduler, "scale_model_input")
+                else s.latents
                 for s, t in zip(running, ts, strict=True)
             ]
             latents = torch.cat(scaled)
@@ -234,16 +280,7 @@ class StepExecutor:
                 }
             else:
                 cond = {k: torch.cat([s.cond[k] for s in running]) for k in names}
-            added = None
-            if "text_embeds" in cond:
-                added = {"text_embeds": cond["text_embeds"], "time_ids": cond["time_ids"]}
-            noise = self.pipeline.unet(
-                latents,
-                timestep,
-                encoder_hidden_states=cond["embeds"],
-                added_cond_kwargs=added,
-                return_dict=False,
-            )[0]
+            noise = self._predict(latents, timestep, cond)
             if cfg:
                 uncond, text = noise.chunk(2)
                 scale = torch.tensor(
@@ -257,6 +294,27 @@ class StepExecutor:
                     noise[i : i + 1], t, s.latents, **_step_kwargs(s), return_dict=False
                 )[0]
                 s.index += 1
+
+    def _predict(self, latents: Any, timestep: Any, cond: dict[str, Any]) -> Any:
+        """The denoiser's prediction for stacked rows, one timestep per row."""
+        if self.rules.arch.name == "sd3":
+            return self.pipeline.transformer(
+                hidden_states=latents,
+                timestep=timestep,
+                encoder_hidden_states=cond["embeds"],
+                pooled_projections=cond["pooled"],
+                return_dict=False,
+            )[0]
+        added = None
+        if "text_embeds" in cond:
+            added = {"text_embeds": cond["text_embeds"], "time_ids": cond["time_ids"]}
+        return self.pipeline.unet(
+            latents,
+            timestep,
+            encoder_hidden_states=cond["embeds"],
+            added_cond_kwargs=added,
+            return_dict=False,
+        )[0]
 
     # -- decode -----------------------------------------------------------------------
 
@@ -297,6 +355,8 @@ class StepExecutor:
                 m = torch.tensor(mean).view(1, -1, 1, 1).to(latents.device, latents.dtype)
                 d = torch.tensor(std).view(1, -1, 1, 1).to(latents.device, latents.dtype)
                 latents = latents * d / vae.config.scaling_factor + m
+            elif self.rules.arch.name == "sd3":
+                latents = latents / vae.config.scaling_factor + vae.config.shift_factor
             else:
                 latents = latents / vae.config.scaling_factor
             upcast = vae.dtype == torch.float16 and bool(getattr(vae.config, "force_upcast", False))
