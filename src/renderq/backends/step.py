@@ -10,7 +10,7 @@ policy drives:
   scheduler with ``set_timesteps(request's steps)``. Schedulers keep per-instance state
   (Euler's step index, multistep solvers' history), so requests cannot share one.
 - :meth:`StepExecutor.step` runs one denoising step over the running batch: latents
-  stacked, each row's own timestep gathered into one ``[B]`` tensor (the UNet takes one
+  stacked, each row's own timestep gathered into one ``[B]`` tensor (the denoiser takes one
   timestep per row), guidance as paired rows (all unconditional rows, then all
   conditional ones, as the pipelines do), each request's own guidance scale applied to its
   own rows, and the noise prediction split and stepped by each request's own scheduler.
@@ -88,7 +88,7 @@ class StepState:
 
 @dataclass(slots=True)
 class StepExecutor:
-    """Prepares, steps and decodes requests on a loaded UNet text-to-image pipeline.
+    """Prepares, steps and decodes requests on a loaded text-to-image pipeline.
 
     ``device_class`` names the worker pool in the scheduler (the device string by default).
     It also implements the executor protocol (:meth:`run`): a batch rendered step by step,

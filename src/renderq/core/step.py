@@ -32,7 +32,8 @@ import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from renderq.core.errors import ConfigError, UnknownRequest
+from renderq.core.cost import LatencyCurve, Profile
+from renderq.core.errors import ConfigError, ProfileError, UnknownRequest
 from renderq.core.types import BatchKey, Request
 
 
@@ -248,3 +249,44 @@ class StepBatcher:
     def idle(self) -> bool:
         """True when no request is waiting, paused or running."""
         return not self._entries
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """What step-level batching costs on one device: the simulator's model of it.
+
+    ``step``: seconds of one denoising step by running-batch size; ``prepare_s``: seconds to
+    prepare one request (text encoding, latents); ``decode``: seconds of a decode batch by
+    size (None: counted in the steps). ``source`` says where the numbers came from.
+    """
+
+    step: LatencyCurve
+    prepare_s: float = 0.0
+    decode: LatencyCurve | None = None
+    source: str = "assumption"
+
+    def __post_init__(self) -> None:
+        if not self.prepare_s >= 0:
+            raise ProfileError(f"prepare seconds must be >= 0, got {self.prepare_s}")
+
+    @classmethod
+    def from_profile(cls, profile: Profile) -> StepCost:
+        """A step cost derived from a whole-batch profile: its render latency over its steps.
+
+        An approximation (prepare and decode are spread over the steps), labelled as such.
+        """
+        curve = profile.render.curve
+        steps = tuple(s / profile.steps for s in curve.seconds)
+        return cls(
+            LatencyCurve(curve.sizes, steps),
+            source=f"derived from {profile.name}: render latency / {profile.steps} steps",
+        )
+
+    @property
+    def cap(self) -> int:
+        """The largest running batch the cost model covers."""
+        return self.step.max_size
+
+    def decode_s(self, n: int) -> float:
+        """Seconds to decode ``n`` finished requests in one batch."""
+        return 0.0 if self.decode is None or n == 0 else self.decode.latency(n)
