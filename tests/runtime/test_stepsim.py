@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from renderq.core.cost import LatencyCurve
-from renderq.core.errors import ConfigError
+from renderq.core.errors import ConfigError, ProfileError
 from renderq.core.step import StepCost
 from renderq.core.types import Request
 from renderq.profiles import load_profile
@@ -78,3 +78,18 @@ def test_every_request_finishes_once_and_device_time_adds_up(
     assert sum(result.step_sizes) == sum(r.key.steps for r in reqs)  # no step redone
     assert max(result.step_sizes) <= cap
     assert sum(result.spent.values()) == pytest.approx(result.device_seconds)
+
+
+def test_step_profile_documents_parse_and_bad_ones_name_the_field() -> None:
+    doc = {
+        "name": "p",
+        "source": {"kind": "measured"},
+        "step": {"points": [[1, 0.02], [4, 0.05]]},
+        "prepare_s": 0.01,
+        "decode": {"points": [[1, 0.03], [4, 0.06]]},
+    }
+    cost = StepCost.from_dict(doc)
+    assert cost.step.latency(2) == pytest.approx(0.03) and cost.prepare_s == 0.01
+    assert cost.decode_s(4) == 0.06 and cost.decode_s(0) == 0.0 and cost.source == "measured: p"
+    with pytest.raises(ProfileError, match="step"):
+        StepCost.from_dict({"name": "p"})

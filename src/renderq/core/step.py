@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import enum
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from renderq.core.cost import LatencyCurve, Profile
 from renderq.core.errors import ConfigError, ProfileError, UnknownRequest
@@ -281,6 +282,21 @@ class StepCost:
             LatencyCurve(curve.sizes, steps),
             source=f"derived from {profile.name}: render latency / {profile.steps} steps",
         )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepCost:
+        """Parse a step profile (``renderq profile --step-level``); errors name the field."""
+        try:
+            decode = data.get("decode")
+            source = data.get("source", {})
+            return cls(
+                LatencyCurve.from_points(data["step"]["points"]),
+                prepare_s=float(data.get("prepare_s", 0.0)),
+                decode=None if decode is None else LatencyCurve.from_points(decode["points"]),
+                source=str(source.get("kind", "assumption")) + ": " + str(data.get("name", "")),
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ProfileError(f"step profile is missing or has a bad field: {exc}") from None
 
     @property
     def cap(self) -> int:
