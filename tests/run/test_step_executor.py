@@ -222,3 +222,39 @@ def test_flux_is_refused(tmp_path: Path) -> None:
     ex = DiffusersExecutor.load(str(tiny.build_tiny_flux(tmp_path)), name="tiny-flux")
     with pytest.raises(ConfigError, match="tiny-flux"):
         StepExecutor(ex.pipeline, ex.model)
+
+
+def test_step_level_profile_measures_steps_by_running_batch_size(
+    mini32: DiffusersExecutor,
+) -> None:
+    from renderq.bench.model_profile import ProfileSettings
+    from renderq.bench.step_profile import profile_loaded_steps
+    from renderq.core.step import StepCost
+
+    st = StepExecutor(mini32.pipeline, "embedded:mini-sd")
+    s = ProfileSettings(model="embedded:mini-sd", scorer="", max_batch=3, repeats=1, warmup=0)
+    doc = profile_loaded_steps(st, s, name="t")
+    assert [n for n, _ in doc["step"]["points"]] == [1, 2, 3]
+    assert [n for n, _ in doc["decode"]["points"]] == [1, 2, 3]
+    assert doc["resolution"] == [64, 64] and doc["source"]["kind"] == "measured"
+    cost = StepCost.from_dict(doc)
+    assert cost.cap == 3 and cost.prepare_s > 0 and cost.step.latency(2) > 0
+
+
+def test_profile_step_level_command_writes_a_step_profile(tiny_model: Path, tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from renderq.cli.main import app
+    from renderq.core.step import StepCost
+
+    out = tmp_path / "step.json"
+    args = ["profile", "--step-level", "--model", str(tiny_model), "--max-batch", "2",
+            "--repeats", "1", "--warmup", "0", "--name", "tiny-step",
+            "--out", str(out)]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert doc["name"] == "tiny-step" and doc["resolution"] == [32, 32]
+    assert StepCost.from_dict(doc).cap == 2

@@ -145,6 +145,17 @@ class StepExecutor:
         )
         return {"mu": mu}
 
+    def default_size(self) -> tuple[int, int]:
+        """The resolution the model was built for (its sample size times the VAE factor)."""
+        vae = int(getattr(self.pipeline, "vae_scale_factor", 8) or 8)
+        sample = getattr(self._denoiser().config, "sample_size", None)
+        if self.rules.arch.name != "sd3" and isinstance(sample, int):
+            return (sample * vae, sample * vae)
+        default = getattr(self.pipeline, "default_sample_size", None)
+        if isinstance(default, int):
+            return (default * vae, default * vae)
+        return (512, 512)
+
     # -- prepare ----------------------------------------------------------------------
 
     def prepare(self, request: Request) -> StepState:

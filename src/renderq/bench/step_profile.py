@@ -1,0 +1,83 @@
+"""Profile step-level batching: seconds per denoising step by running-batch size.
+
+It times the step executor's three calls apart, through the same generic rounds as the
+whole-batch profile (:func:`renderq.bench.profiling.measure`): one denoising step of a
+running batch of 1, 2, 4, ... requests, a decode batch of each size, and the prepare of one
+request (text encoding, latents, its scheduler). The document it returns is what
+:meth:`renderq.core.step.StepCost.from_dict` reads, so the step simulator runs on it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from typing import Any
+
+from renderq.backends.registry import resolve
+from renderq.backends.step import StepExecutor, StepState
+from renderq.bench.model_profile import PROMPTS, ProfileSettings
+from renderq.bench.profiling import doubling_sizes, environment_line, measure
+from renderq.core.types import BatchKey, Request
+
+
+def profile_steps(s: ProfileSettings, name: str | None = None) -> dict[str, Any]:
+    """Load the model and measure its step, prepare and decode costs."""
+    from renderq.backends.device import on_device
+    from renderq.backends.diffusers import load_pipeline
+
+    pipe = on_device(
+        s.device, lambda: load_pipeline(resolve(s.model), device=s.device, precision=s.precision)
+    )
+    return profile_loaded_steps(StepExecutor(pipe, s.model, s.device, s.precision), s, name)
+
+
+def profile_loaded_steps(
+    ex: StepExecutor, s: ProfileSettings, name: str | None = None
+) -> dict[str, Any]:
+    """Measure a loaded step executor; returns the step profile document."""
+    width, height = s.resolution or ex.default_size()
+    ex.rules.check_size(s.model, width, height)
+    key = BatchKey(s.model, width, height, s.steps, s.guidance > 1.0, "default", s.precision,
+                   s.device)  # fmt: skip
+    seeds = itertools.count()
+    prepares: list[float] = []
+
+    def request(i: int) -> Request:
+        return Request(f"p{i}", PROMPTS[i % len(PROMPTS)], key, base_seed=next(seeds),
+                       guidance_scale=s.guidance)  # fmt: skip
+
+    def fresh(n: int) -> list[StepState]:
+        states = [ex.prepare(request(i)) for i in range(n)]
+        prepares.extend(st.device_seconds for st in states)
+        return states
+
+    def step(n: int) -> float:
+        return ex.step(fresh(n))
+
+    def decode(n: int) -> float:
+        states = fresh(n)
+        for st in states:  # mark them finished: decode cost does not depend on the step
+            st.index = st.total_steps
+        before = sum(st.device_seconds for st in states)
+        ex.images(states)
+        return sum(st.device_seconds for st in states) - before
+
+    sizes = doubling_sizes(s.max_batch)
+    step_pts = measure(step, sizes, repeats=s.repeats, warmup=s.warmup)
+    decode_pts = measure(decode, sizes, repeats=s.repeats, warmup=s.warmup)
+    return {
+        "name": name or f"{s.model.split(':')[-1].split('/')[-1]}-{s.device.split(':')[0]}-step",
+        "model": s.model,
+        "device_class": s.device,
+        "precision": s.precision,
+        "resolution": [width, height],
+        "guidance": s.guidance,
+        "source": {
+            "kind": "measured",
+            "note": "renderq profile --step-level: median of repeats after warm-up; "
+            + environment_line(s.device),
+        },
+        "step": {"points": [[p.batch_size, round(p.seconds, 6)] for p in step_pts]},
+        "prepare_s": round(statistics.median(prepares), 6),
+        "decode": {"points": [[p.batch_size, round(p.seconds, 6)] for p in decode_pts]},
+    }
