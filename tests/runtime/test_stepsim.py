@@ -13,7 +13,8 @@ from renderq.core.errors import ConfigError, ProfileError
 from renderq.core.step import StepCost
 from renderq.core.types import Request
 from renderq.profiles import load_profile
-from renderq.runtime.stepsim import simulate_step
+from renderq.runtime.stepsim import run_steps, simulate_step
+from renderq.testing.fakes import FakeStepExecutor, FakeStepState, ManualClock
 from tests.strategies import STEP_KEYS, step_workloads
 
 FLAT = LatencyCurve((1, 4), (1.0, 1.0))
@@ -93,3 +94,44 @@ def test_step_profile_documents_parse_and_bad_ones_name_the_field() -> None:
     assert cost.decode_s(4) == 0.06 and cost.decode_s(0) == 0.0 and cost.source == "measured: p"
     with pytest.raises(ProfileError, match="step"):
         StepCost.from_dict({"name": "p"})
+
+
+@dataclasses.dataclass
+class ClockedFake:
+    """The fake step executor on a manual clock: each call advances it by its seconds."""
+
+    clock: ManualClock
+    fake: FakeStepExecutor = dataclasses.field(default_factory=FakeStepExecutor)
+
+    def prepare(self, request: Request) -> FakeStepState:
+        return self.fake.prepare(request)
+
+    def step(self, running: list[FakeStepState]) -> float:
+        seconds = self.fake.step(running)
+        self.clock.advance(seconds)
+        return seconds
+
+    def images(self, finished: list[FakeStepState]) -> list[tuple[str, int]]:
+        self.clock.advance(self.fake.decode_s)
+        return self.fake.images(finished)
+
+
+@settings(max_examples=100, deadline=None)
+@given(reqs=step_workloads(), cap=st.integers(1, 4))
+def test_the_real_driver_makes_the_simulators_decisions(reqs: list[Request], cap: int) -> None:
+    """Same trace, a runner whose costs the cost model states exactly: same steps, times."""
+    clock = ManualClock()
+    runner = ClockedFake(clock)
+    real = run_steps(runner, reqs, cap, clock, clock.advance)
+    f = runner.fake
+    sizes = tuple(range(1, cap + 1))
+    cost = StepCost(
+        LatencyCurve(sizes, tuple(f.base_s + f.row_s * n for n in sizes)),
+        decode=LatencyCurve(sizes, tuple(f.decode_s for _ in sizes)),
+    )
+    sim = simulate_step(cost, reqs, cap=cap)
+    assert tuple(real.step_sizes) == sim.step_sizes
+    assert real.preemptions == sim.preemptions
+    assert real.latencies == pytest.approx(sim.latencies)
+    assert real.images == {r.id: (r.id, 0) for r in reqs}
+    assert real.device_seconds == pytest.approx(sim.device_seconds)

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import enum
 import itertools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from renderq.core.cost import LatencyCurve, Profile
 from renderq.core.errors import ConfigError, ProfileError, UnknownRequest
@@ -72,6 +72,41 @@ class Phase(enum.StrEnum):
     WAITING = "waiting"
     RUNNING = "running"
     PAUSED = "paused"
+
+
+class StepState(Protocol):
+    """One request in a step runner: what a driver reads of it."""
+
+    @property
+    def request(self) -> Request:
+        """The request."""
+        ...
+
+    @property
+    def done(self) -> bool:
+        """Whether its last step has run."""
+        ...
+
+    @property
+    def device_seconds(self) -> float:
+        """Device-seconds booked to it so far."""
+        ...
+
+
+class StepRunner(Protocol):
+    """Runs step-level batches: the seam between a step driver and a step executor."""
+
+    def prepare(self, request: Request) -> Any:
+        """A new state for ``request`` (a :class:`StepState`), ready for its first step."""
+        ...
+
+    def step(self, running: Sequence[Any]) -> float:
+        """One denoising step of every state in ``running``; returns its seconds."""
+        ...
+
+    def images(self, finished: Sequence[Any]) -> list[Any]:
+        """The images of finished states, decoded in one batch."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
