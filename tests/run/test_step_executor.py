@@ -12,6 +12,7 @@ guidance scale or scheduler state) is not.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -258,3 +259,19 @@ def test_profile_step_level_command_writes_a_step_profile(tiny_model: Path, tmp_
     doc = json.loads(out.read_text())
     assert doc["name"] == "tiny-step" and doc["resolution"] == [32, 32]
     assert StepCost.from_dict(doc).cap == 2
+
+
+def test_run_fails_only_the_request_that_cannot_be_prepared(mini32: DiffusersExecutor) -> None:
+    st = StepExecutor(mini32.pipeline, mini32.model)
+    good = _req(mini32, 0, 2)
+    odd = dataclasses.replace(good, id="odd", key=dataclasses.replace(good.key, width=60))
+    result = st.run(Batch(1, good.key, (good, odd), 0.0, 2))
+    assert result.items[0].ok
+    assert not result.items[1].ok and "60x64" in str(result.items[1].error)
+
+
+def test_run_steps_rows_that_cannot_share_a_step_apart(mini32: DiffusersExecutor) -> None:
+    st = StepExecutor(mini32.pipeline, mini32.model)
+    cfg, plain = _req(mini32, 0, 2), _req(mini32, 1, 3, guidance=1.0)
+    result = st.run(Batch(2, cfg.key, (cfg, plain), 0.0, 2))
+    assert all(it.ok for it in result.items), [it.error for it in result.items]

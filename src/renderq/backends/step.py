@@ -167,12 +167,9 @@ class StepExecutor:
     def _prepare(self, request: Request) -> StepState:
         torch = import_torch()
         pipe, key = self.pipeline, request.key
+        # The family's size rule, as the whole-batch path's callers check it.
+        self.rules.check_size(self.model, key.width, key.height)
         vae_factor = int(getattr(pipe, "vae_scale_factor", 8) or 8)
-        if key.height % vae_factor or key.width % vae_factor:
-            raise ConfigError(
-                f"size {key.width}x{key.height} of request {request.id!r} is not a multiple "
-                f"of the VAE factor {vae_factor}"
-            )
         with torch.inference_mode():
             cond = self._encode(request)
             scheduler = copy.deepcopy(pipe.scheduler)
@@ -391,13 +388,24 @@ class StepExecutor:
         requests it ran, never the call.
         """
         out: dict[str, ItemResult] = {}
-        running: list[StepState] = []
+        states: list[StepState] = []
         for r in batch.requests:
             try:
-                running.append(self.prepare(r))
+                states.append(self.prepare(r))
             except Exception as exc:
                 out[r.id] = ItemResult(r.id, error=f"{type(exc).__name__}: {exc}")
-        states = list(running)
+        # Rows that cannot share a step (another size, guidance on/off) run apart.
+        groups: dict[tuple[Any, ...], list[StepState]] = {}
+        for st in states:
+            shape = (*st.latents.shape, uses_cfg(st.request.guidance_scale))
+            groups.setdefault(shape, []).append(st)
+        for group in groups.values():
+            self._run_group(group, out)
+        seconds = sum(s.device_seconds for s in states)
+        items_out = tuple(out[r.id] for r in batch.requests)
+        return BatchResult(batch.id, items_out, seconds, self.device_class)
+
+    def _run_group(self, running: list[StepState], out: dict[str, ItemResult]) -> None:
         while running:
             try:
                 self.step(running)
@@ -412,9 +420,6 @@ class StepExecutor:
             for s, item in zip(done, items, strict=True):
                 out[s.request.id] = item
             running = [s for s in running if not s.done]
-        seconds = sum(s.device_seconds for s in states)
-        items_out = tuple(out[r.id] for r in batch.requests)
-        return BatchResult(batch.id, items_out, seconds, self.device_class)
 
 
 def _check_running(running: Sequence[StepState]) -> None:
