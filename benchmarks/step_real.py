@@ -48,11 +48,7 @@ def main() -> None:
     quiet_libraries()
     torch = import_torch()
     torch.set_num_threads(args.threads or free_cores())
-    from renderq.backends.device import on_device
-    from renderq.backends.diffusers import load_pipeline
-
-    pipe = on_device("cpu", lambda: load_pipeline(resolve(DEFAULT_MODEL)))
-    ex = StepExecutor(pipe, DEFAULT_MODEL)
+    ex = StepExecutor.load(resolve(DEFAULT_MODEL), name=DEFAULT_MODEL)
     settings = ProfileSettings(model=DEFAULT_MODEL, scorer="", max_batch=args.cap)
     cost = StepCost.from_dict(profile_loaded_steps(ex, settings))
     step_counts = [int(s) for s in args.steps.split(",")]

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from renderq.backends.architectures import Rules, rules_for
-from renderq.backends.diffusers import DeviceTimer, _check_image, import_torch
+from renderq.backends.device import on_device
+from renderq.backends.diffusers import DeviceTimer, _check_image, import_torch, load_pipeline
 from renderq.core.errors import ConfigError
 from renderq.core.settings import uses_cfg
 from renderq.core.types import Batch, BatchResult, ItemResult, Request
@@ -119,6 +120,14 @@ class StepExecutor:
                 f"model {self.model!r} embeds the guidance scale in its timestep (LCM-style); "
                 "the step executor does not drive such UNets"
             )
+
+    @classmethod
+    def load(
+        cls, model: str, *, device: str = "cpu", precision: str = "fp32", name: str | None = None
+    ) -> StepExecutor:
+        """Load ``model`` (folder or hub id) and wrap it; ``name`` is the model's label."""
+        pipe = on_device(device, lambda: load_pipeline(model, device=device, precision=precision))
+        return cls(pipe, name or model, device=device, precision=precision)
 
     def _denoiser(self) -> Any:
         """The UNet or, for SD3, the transformer."""

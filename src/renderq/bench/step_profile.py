@@ -22,13 +22,8 @@ from renderq.core.types import BatchKey, Request
 
 def profile_steps(s: ProfileSettings, name: str | None = None) -> dict[str, Any]:
     """Load the model and measure its step, prepare and decode costs."""
-    from renderq.backends.device import on_device
-    from renderq.backends.diffusers import load_pipeline
-
-    pipe = on_device(
-        s.device, lambda: load_pipeline(resolve(s.model), device=s.device, precision=s.precision)
-    )
-    return profile_loaded_steps(StepExecutor(pipe, s.model, s.device, s.precision), s, name)
+    ex = StepExecutor.load(resolve(s.model), device=s.device, precision=s.precision, name=s.model)
+    return profile_loaded_steps(ex, s, name)
 
 
 def profile_loaded_steps(
