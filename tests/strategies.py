@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import strategies as st
 
 from renderq.core.policies import AdHoc, Dynamic, Policy, Window, Windows
-from renderq.core.types import Request
+from renderq.core.types import BatchKey, Request
 from tests.core.driver import key
 
 DEVICES = ("gpu0", "gpu1")
@@ -58,3 +60,32 @@ window_policies = st.builds(
 )
 
 policies: st.SearchStrategy[Policy] = st.one_of(st.just(AdHoc()), dynamic_policies, window_policies)
+
+
+STEP_KEYS = (
+    BatchKey("m", 64, 64, 20, True, "ddim", "fp32", "gpu0"),
+    BatchKey("m", 64, 64, 20, False, "ddim", "fp32", "gpu0"),
+    BatchKey("m", 128, 64, 20, True, "ddim", "fp32", "gpu0"),
+)
+"""Batch keys of three step keys (guidance on/off, another width) for step-mode workloads."""
+
+
+@st.composite
+def step_workloads(draw: st.DrawFn, max_requests: int = 30) -> list[Request]:
+    """Requests over three step keys with 1-8 steps each, three priorities, spread arrivals."""
+    n = draw(st.integers(1, max_requests))
+    out = []
+    for i in range(n):
+        base = STEP_KEYS[draw(st.integers(0, len(STEP_KEYS) - 1))]
+        out.append(
+            Request(
+                id=f"r{i}",
+                prompt=f"prompt {i}",
+                key=dataclasses.replace(base, steps=draw(st.integers(1, 8))),
+                base_seed=i,
+                priority=draw(st.integers(0, 2)),
+                arrival=draw(st.integers(0, 40)) / 100,
+                guidance_scale=draw(st.sampled_from([3.0, 7.5])) if base.guidance else 1.0,
+            )
+        )
+    return out

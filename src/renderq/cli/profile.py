@@ -41,9 +41,17 @@ def profile_command(
     warmup: Annotated[int, typer.Option(help="Untimed rounds over every size first.")] = 2,
     name: Annotated[str | None, typer.Option(help="Profile name.")] = None,
     out: Annotated[Path | None, typer.Option(help="Write the profile JSON here.")] = None,
+    step_level: Annotated[
+        bool, typer.Option("--step-level", help="Time one denoising step by running-batch size.")
+    ] = False,
 ) -> None:
     """Time renders and scores at batch sizes 1, 2, 4, ... and write a measured profile."""
     from renderq.bench.model_profile import ProfileSettings, profile_model
+
+    if step_level:
+        _step_level(model, device, precision, steps, resolution, max_batch, repeats, warmup,
+                    name, out)  # fmt: skip
+        return
 
     try:
         settings = ProfileSettings(
@@ -59,6 +67,46 @@ def profile_command(
         table.add_column(col, justify="right")
     for (n, r), (_, sc) in zip(doc["render"]["points"], doc["score"]["points"], strict=True):
         table.add_row(str(n), f"{r:.4f}", f"{r / n:.4f}", f"{sc:.4f}", f"{sc / n:.4f}")
+    Console(stderr=True).print(table)
+    text = json.dumps(doc, indent=2)
+    if out is None:
+        typer.echo(text)
+    else:
+        out.write_text(text + "\n")
+        typer.echo(f"wrote {out}")
+
+
+def _step_level(
+    model: str,
+    device: str,
+    precision: str,
+    steps: int | None,
+    resolution: str | None,
+    max_batch: int,
+    repeats: int,
+    warmup: int,
+    name: str | None,
+    out: Path | None,
+) -> None:
+    """``--step-level``: seconds per step, per decode batch and per prepare; a step profile."""
+    from renderq.bench.model_profile import ProfileSettings
+    from renderq.bench.step_profile import profile_steps
+    from renderq.core.step import StepCost
+
+    try:
+        settings = ProfileSettings(
+            ModelSpec(model, device=device, precision=precision, steps=steps),
+            _resolution(resolution), max_batch, repeats, warmup,
+        )  # fmt: skip
+        doc = profile_steps(settings, name)
+        StepCost.from_dict(doc)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    table = Table(title=f"step profile {doc['name']} (prepare {doc['prepare_s']:.4f} s/request)")
+    for col in ("running batch", "step s", "step s/request", "decode s"):
+        table.add_column(col, justify="right")
+    for (n, st), (_, dec) in zip(doc["step"]["points"], doc["decode"]["points"], strict=True):
+        table.add_row(str(n), f"{st:.4f}", f"{st / n:.4f}", f"{dec:.4f}")
     Console(stderr=True).print(table)
     text = json.dumps(doc, indent=2)
     if out is None:

@@ -88,3 +88,58 @@ class RecordingListener:
             if st.kind in ("render", "score"):
                 out.append((st.kind, tuple((r.id, r.attempt) for r in reqs)))
         return out
+
+
+@dataclass(slots=True)
+class FakeStepState:
+    """One request in a :class:`FakeStepExecutor`: how many of its steps have run."""
+
+    request: Any
+    total_steps: int
+    index: int = 0
+    device_seconds: float = 0.0
+
+    @property
+    def done(self) -> bool:
+        """Whether every step has run."""
+        return self.index >= self.total_steps
+
+
+@dataclass(slots=True)
+class FakeStepExecutor:
+    """A step executor without a model: a step costs ``base_s + row_s`` per request.
+
+    It keeps every step's running ids (``steps``) and refuses what the real one refuses:
+    stepping a finished request, decoding an unfinished one, preparing one twice at once.
+    """
+
+    device_class: str = "cpu"
+    base_s: float = 0.01
+    row_s: float = 0.002
+    decode_s: float = 0.001
+    steps: list[tuple[str, ...]] = field(default_factory=list)
+    prepared: list[str] = field(default_factory=list)
+
+    def prepare(self, request: Any) -> FakeStepState:
+        """A new state at step 0 of the request's own step count."""
+        self.prepared.append(request.id)
+        return FakeStepState(request, int(request.key.steps))
+
+    def step(self, running: Sequence[FakeStepState]) -> float:
+        """One step of each running state; returns the step's seconds, shared equally."""
+        if any(s.done for s in running):
+            raise ValueError(f"stepped a finished request: {[s.request.id for s in running]}")
+        seconds = self.base_s + self.row_s * len(running) if running else 0.0
+        for s in running:
+            s.index += 1
+            s.device_seconds += seconds / len(running)
+        self.steps.append(tuple(s.request.id for s in running))
+        return seconds
+
+    def images(self, finished: Sequence[FakeStepState]) -> list[tuple[str, int]]:
+        """The image of each finished state: ``(id, attempt)``."""
+        if any(not s.done for s in finished):
+            raise ValueError("decoded an unfinished request")
+        for s in finished:
+            s.device_seconds += self.decode_s / len(finished)
+        return [(s.request.id, s.request.attempt) for s in finished]

@@ -1,0 +1,137 @@
+"""The step-mode simulator on hand-computed cases and random workloads (virtual clock)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from renderq.core.cost import LatencyCurve
+from renderq.core.errors import ConfigError, ProfileError
+from renderq.core.step import StepCost
+from renderq.core.types import Request
+from renderq.profiles import load_profile
+from renderq.runtime.stepsim import run_steps, simulate_step
+from renderq.testing.fakes import FakeStepExecutor, FakeStepState, ManualClock
+from tests.strategies import STEP_KEYS, step_workloads
+
+FLAT = LatencyCurve((1, 4), (1.0, 1.0))
+
+
+def req(rid: str, steps: int, arrival: float, priority: int = 0) -> Request:
+    key = dataclasses.replace(STEP_KEYS[0], steps=steps)
+    return Request(rid, f"prompt {rid}", key, arrival=arrival, priority=priority)
+
+
+def test_a_late_request_joins_the_running_batch() -> None:
+    cost = StepCost(FLAT, prepare_s=0.1, decode=LatencyCurve((1, 4), (0.2, 0.2)))
+    result = simulate_step(cost, [req("a", 3, 0.0), req("b", 2, 0.5)])
+    # a: prepare + step (1.1); b joins at 1.1: prepare + step (2.2); both step (3.2);
+    # both finish and decode together (3.4).
+    assert result.step_sizes == (1, 2, 2)
+    assert result.latencies == pytest.approx({"a": 3.4, "b": 2.9})
+    assert result.device_seconds == pytest.approx(3.4)
+    assert result.spent == pytest.approx({"a": 0.1 + 1 + 0.5 + 0.5 + 0.1, "b": 0.1 + 1 + 0.1})
+
+
+def test_an_urgent_request_preempts_and_the_bulk_one_resumes() -> None:
+    result = simulate_step(
+        StepCost(FLAT), [req("bulk", 4, 0.0), req("urgent", 1, 0.5, priority=1)], cap=1
+    )
+    assert result.preemptions == 1
+    assert result.latencies == pytest.approx({"urgent": 1.5, "bulk": 5.0})
+    assert result.device_seconds == pytest.approx(5.0)  # nothing recomputed
+
+
+def test_step_cost_from_a_whole_batch_profile() -> None:
+    profile = load_profile("mini-sd-cpu")
+    cost = StepCost.from_profile(profile)
+    assert cost.step.sizes == profile.render.curve.sizes
+    assert cost.step.latency(4) == pytest.approx(profile.render.latency(4) / profile.steps)
+    assert "mini-sd-cpu" in cost.source and cost.cap == profile.render.curve.max_size
+
+
+def test_bad_settings_name_the_value() -> None:
+    with pytest.raises(ConfigError, match="got 9"):
+        simulate_step(StepCost(FLAT), [req("a", 1, 0.0)], cap=9)
+    with pytest.raises(ConfigError, match="distinct ids"):
+        simulate_step(StepCost(FLAT), [req("a", 1, 0.0), req("a", 2, 0.0)])
+    with pytest.raises(ConfigError, match="-1"):
+        StepCost(FLAT, prepare_s=-1)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    reqs=step_workloads(),
+    cap=st.integers(1, 4),
+    prepare=st.sampled_from([0.0, 0.05]),
+    decode=st.sampled_from([None, LatencyCurve((1, 4), (0.1, 0.2))]),
+)
+def test_every_request_finishes_once_and_device_time_adds_up(
+    reqs: list[Request], cap: int, prepare: float, decode: LatencyCurve | None
+) -> None:
+    cost = StepCost(LatencyCurve((1, 4), (0.2, 0.5)), prepare_s=prepare, decode=decode)
+    result = simulate_step(cost, reqs, cap=cap)
+    assert set(result.latencies) == {r.id for r in reqs}
+    assert all(lat > 0 for lat in result.latencies.values())
+    assert sum(result.step_sizes) == sum(r.key.steps for r in reqs)  # no step redone
+    assert max(result.step_sizes) <= cap
+    assert sum(result.spent.values()) == pytest.approx(result.device_seconds)
+
+
+def test_step_profile_documents_parse_and_bad_ones_name_the_field() -> None:
+    doc = {
+        "name": "p",
+        "source": {"kind": "measured"},
+        "step": {"points": [[1, 0.02], [4, 0.05]]},
+        "prepare_s": 0.01,
+        "decode": {"points": [[1, 0.03], [4, 0.06]]},
+    }
+    cost = StepCost.from_dict(doc)
+    assert cost.step.latency(2) == pytest.approx(0.03) and cost.prepare_s == 0.01
+    assert cost.decode_s(4) == 0.06 and cost.decode_s(0) == 0.0 and cost.source == "measured: p"
+    with pytest.raises(ProfileError, match="step"):
+        StepCost.from_dict({"name": "p"})
+
+
+@dataclasses.dataclass
+class ClockedFake:
+    """The fake step executor on a manual clock: each call advances it by its seconds."""
+
+    clock: ManualClock
+    fake: FakeStepExecutor = dataclasses.field(default_factory=FakeStepExecutor)
+
+    def prepare(self, request: Request) -> FakeStepState:
+        return self.fake.prepare(request)
+
+    def step(self, running: list[FakeStepState]) -> float:
+        seconds = self.fake.step(running)
+        self.clock.advance(seconds)
+        return seconds
+
+    def images(self, finished: list[FakeStepState]) -> list[tuple[str, int]]:
+        self.clock.advance(self.fake.decode_s)
+        return self.fake.images(finished)
+
+
+@settings(max_examples=100, deadline=None)
+@given(reqs=step_workloads(), cap=st.integers(1, 4))
+def test_the_real_driver_makes_the_simulators_decisions(reqs: list[Request], cap: int) -> None:
+    """Same trace, a runner whose costs the cost model states exactly: same steps, times."""
+    clock = ManualClock()
+    runner = ClockedFake(clock)
+    real = run_steps(runner, reqs, cap, clock, clock.advance)
+    f = runner.fake
+    sizes = tuple(range(1, cap + 1))
+    cost = StepCost(
+        LatencyCurve(sizes, tuple(f.base_s + f.row_s * n for n in sizes)),
+        decode=LatencyCurve(sizes, tuple(f.decode_s for _ in sizes)),
+    )
+    sim = simulate_step(cost, reqs, cap=cap)
+    assert tuple(real.step_sizes) == sim.step_sizes
+    assert real.preemptions == sim.preemptions
+    assert real.latencies == pytest.approx(sim.latencies)
+    assert real.images == {r.id: (r.id, 0) for r in reqs}
+    assert real.device_seconds == pytest.approx(sim.device_seconds)
