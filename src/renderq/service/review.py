@@ -113,7 +113,8 @@ def page_state(out: Path, reviewer: str) -> dict[str, Any]:
                 "attempts": [
                     {
                         "attempt": a.attempt,
-                        "seed": a.seed,
+                        # A string: seeds go up to 2**63, past what a JS number holds.
+                        "seed": str(a.seed),
                         "score": a.score,
                         "error": a.error,
                         "image": a.image if a.image and (out / a.image).is_file() else None,
