@@ -144,3 +144,27 @@ def test_decisions_survive_reopening(tmp_path: Path) -> None:
         assert again.counts() == {"escalated": 2, "rejected": 1}
     finally:
         again.close()
+
+
+def test_an_edited_prompt_gets_the_bucket_of_its_own_text(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from renderq.backends.architectures import PromptLength
+    from renderq.jobs.runner import respec_edits
+
+    store = _escalated(tmp_path)
+    spec = {**SPEC, "prompt_bucket": 128, "truncated": []}
+    longer = "prompt 0, edited to be long enough for the next bucket"
+    store.decide("p0", "edit", "ana", resubmit=PromptRow("p0-r1", 3, longer, 0, spec, "p0", 1))
+    # A T5 pipeline's executor: the edited text needs the 256-token bucket and CLIP cuts it.
+    lengths = {longer: PromptLength(256, ("clip: 80 tokens > 77",))}
+    executor = SimpleNamespace(prompt_length=lambda p: lengths.get(p, PromptLength(128)))
+    try:
+        respec_edits(store, executor)  # type: ignore[arg-type]
+        [row] = store.requests("pending")
+        assert row.prompt.spec == {**spec, "prompt_bucket": 256,
+                                   "truncated": ["clip: 80 tokens > 77"]}  # fmt: skip
+        with pytest.raises(StoreError, match="'p1' is not pending"):
+            store.update_spec("p1", spec)
+    finally:
+        store.close()

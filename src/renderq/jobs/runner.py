@@ -468,11 +468,29 @@ def run_job(
             if stored is None:
                 with storage_errors(settings.out):
                     store.create_job(wanted, rows)
+            with storage_errors(settings.out):
+                respec_edits(store, executor)
             return _drive(settings, policy, store, executor, scorer, on_progress)
         finally:
             store.close()
     finally:
         lock.release()
+
+
+def respec_edits(store: JobStore, executor: DiffusersExecutor) -> None:
+    """Give prompts a reviewer edited the prompt-length bucket of their own text.
+
+    An edit copies its original's render spec, bucket included; the bucket is a property
+    of the text and the model's text encoders, known only here, with the model loaded.
+    """
+    for row in store.requests("pending"):
+        if row.prompt.parent is None:
+            continue
+        length = executor.prompt_length(row.prompt.prompt)
+        spec = {**row.prompt.spec, "prompt_bucket": length.bucket,
+                "truncated": list(length.truncated)}  # fmt: skip
+        if spec != row.prompt.spec:
+            store.update_spec(row.prompt.id, spec)
 
 
 def _load_executor(settings: RunSettings) -> DiffusersExecutor:

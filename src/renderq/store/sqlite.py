@@ -418,6 +418,16 @@ class JobStore:
             (attempt, row[0], file_name, row[1], row[2], row[3], at, request_id),
         )
 
+    def update_spec(self, request_id: str, spec: dict[str, Any]) -> None:
+        """Replace a pending prompt's render spec (an edited prompt's, once the model is known)."""
+        with _tx(self._conn):
+            cur = self._conn.execute(
+                "UPDATE requests SET spec=? WHERE id=? AND state='pending'",
+                (json.dumps(spec), request_id),
+            )
+            if cur.rowcount != 1:
+                raise StoreError(f"request {request_id!r} is not pending; its spec stays")
+
     def decisions(self) -> list[Decision]:
         """Every reviewer decision, oldest first."""
         rows = self._conn.execute(
