@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 
 from renderq.jobs import review
 from renderq.service.review import review_app
+from renderq.store.lock import FolderLock
 
 pytestmark = pytest.mark.slow
 
@@ -61,6 +62,9 @@ def test_decisions_over_http_and_what_is_refused(escalated: Path) -> None:
         assert empty.status_code == 422 and "is empty" in empty.json()["detail"]
         both = c.post("/api/p000001", json={"action": "reject", "attempt": 1})
         assert both.status_code == 422 and "takes no attempt" in both.json()["detail"]
+        with FolderLock(out):  # a renderq run working on the folder
+            busy = c.post("/api/p000001", json={"action": "reject"})
+        assert busy.status_code == 409 and busy.json()["error"] == "busy"
         s = c.get("/api").json()
     assert s["counts"] == {"accepted": 1, "escalated": 3}
     assert s["items"][0]["decision"]["action"] == "accept"
