@@ -8,24 +8,36 @@ said they were. :func:`review_app` is the whole local app of ``renderq review``.
 Routes, relative to the router's prefix: ``GET /`` the page (``review.html``, served from
 the package: no build step, nothing fetched from elsewhere), ``GET /api`` what the page
 shows, ``POST /api/{request_id}`` one decision, ``GET /files/{name}`` a kept image.
+
+:func:`service_review_router` puts the same page over each bulk job of ``renderq serve``
+at ``/v1/jobs/{job_id}/review/``: a tenant sees and decides only its own jobs (another
+tenant's job is not found, as everywhere in the service), each decision runs on the
+engine's loop thread (where the job's listener writes the same files), and an edited
+prompt is queued at once, at review priority.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from renderq.core.errors import ConfigError
+from renderq.core.types import Request as RenderRequest
 from renderq.jobs import review
 from renderq.output.dataset import IMAGES, REVIEW_IMAGES
 from renderq.store.lock import JobLocked
 from renderq.store.sqlite import Decision, StoreError
+
+if TYPE_CHECKING:
+    from renderq.service.jobs import ServiceJob
+    from renderq.service.render import RenderService
 
 FolderOf = Callable[[Request], Path]
 ReviewerOf = Callable[[Request], str]
@@ -73,13 +85,7 @@ def review_router(folder_of: FolderOf, reviewer_of: ReviewerOf, prefix: str = ""
     @router.get("/files/{name:path}", include_in_schema=False)
     def image(name: str, request: Request) -> Response:
         """A kept attempt image or an accepted image of the folder, nothing else."""
-        out = folder_of(request).resolve()
-        path = (out / name).resolve()
-        allowed = (out / REVIEW_IMAGES, out / IMAGES)
-        # Only PNGs directly inside the two image folders: no path leads elsewhere.
-        if path.suffix != ".png" or path.parent not in allowed or not path.is_file():
-            return _not_found(name)
-        return FileResponse(path, media_type="image/png")
+        return image_response(folder_of(request), name)
 
     return router
 
@@ -150,6 +156,94 @@ def _guarded(work: Callable[[], dict[str, Any]]) -> JSONResponse:
         return JSONResponse({"error": "conflict", "detail": str(exc)}, status_code=409)
     except ConfigError as exc:
         return JSONResponse({"error": "invalid_decision", "detail": str(exc)}, status_code=422)
+
+
+def image_response(folder: Path, name: str) -> Response:
+    """The PNG ``name`` of ``folder`` if it is a kept attempt or an accepted image; else 404."""
+    out = folder.resolve()
+    path = (out / name).resolve()
+    allowed = (out / REVIEW_IMAGES, out / IMAGES)
+    # Only PNGs directly inside the two image folders: no path leads elsewhere.
+    if path.suffix != ".png" or path.parent not in allowed or not path.is_file():
+        return _not_found(name)
+    return FileResponse(path, media_type="image/png")
+
+
+def service_review_router(service: RenderService, tenant: Callable[..., Any]) -> APIRouter:
+    """The review page over each bulk job of ``service``; ``tenant`` is the auth dependency.
+
+    The page itself is static (its calls carry the token from the URL's ``#token=``); its
+    JSON, decisions and images answer the job's own tenant only.
+    """
+    router = APIRouter(prefix="/v1/jobs/{job_id}/review")
+    # A default, not an ``Annotated`` alias: annotations are strings here (``from
+    # __future__``), and FastAPI cannot resolve a name local to this function.
+    who_is = Depends(tenant)
+
+    def on_engine(fn: Callable[[float], Any]) -> Any:
+        # Job stores and their views are written on the engine's loop thread; a decision
+        # runs there too, so it never interleaves with a step's commit.
+        return service._call(fn).result(timeout=60)
+
+    @router.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def page() -> HTMLResponse:
+        """The review page of one job."""
+        return HTMLResponse(resources.files("renderq.service").joinpath("review.html").read_text())
+
+    @router.get("/api")
+    def state(job_id: str, who: str = who_is) -> JSONResponse:
+        """The job's escalated prompts with their attempts and decisions, and the gate."""
+        return _guarded(lambda: on_engine(
+            lambda now: page_state(service.jobs.get(who, job_id).folder, who)))  # fmt: skip
+
+    @router.post("/api/{request_id}")
+    def decide(job_id: str, request_id: str, body: DecisionBody, who: str = who_is) -> JSONResponse:
+        """Record one decision on the job; an edit is queued at once."""
+
+        def run(now: float) -> dict[str, Any]:
+            job = service.jobs.get(who, job_id)
+            d = review.decide(job.folder, request_id, body.action, who, attempt=body.attempt,
+                              prompt=body.prompt)  # fmt: skip
+            if d.new_request_id is not None:
+                queue_edit(service, job, d.new_request_id, now)
+            return decision_dict(d)
+
+        return _guarded(lambda: on_engine(run))
+
+    @router.get("/files/{name:path}", include_in_schema=False)
+    def image(job_id: str, name: str, who: str = who_is) -> Response:
+        """A kept attempt image or an accepted image of the tenant's job."""
+        folder: Path = on_engine(lambda now: service.jobs.get(who, job_id).folder)
+        return image_response(folder, name)
+
+    return router
+
+
+def queue_edit(service: RenderService, job: ServiceJob, request_id: str, now: float) -> None:
+    """Queue a job's resubmitted prompt now, at review priority (on the loop thread).
+
+    The job's open store already holds the new prompt (the decision committed it); its
+    cached rows and listener learn it here, then the request joins the job's backlog,
+    which flows into the queue as room frees, like the job's own prompts. A cancelled
+    job's edit stays pending in its store.
+    """
+    from renderq.service.jobs import SEP
+
+    row = next(r.prompt for r in job.store.requests("pending") if r.prompt.id == request_id)
+    job.rows[row.id] = row
+    job.listener.prompts[row.id] = row
+    job.listener.progress.total += 1
+    if job.meta["state"] == "cancelled":
+        return
+    request = RenderRequest(
+        id=f"{job.id}{SEP}{row.id}", prompt=row.prompt, key=job.key, base_seed=row.base_seed,
+        priority=review.REVIEW_PRIORITY, guidance_scale=float(job.meta["guidance"]),
+        negative_prompt=str(row.spec.get("negative_prompt", "")), tenant=job.tenant, job=job.id,
+    )  # fmt: skip
+    # RenderService has no call to queue one request of a job; this is what its own
+    # ``_submit_job`` does for a job's whole backlog.
+    service._backlog.setdefault(job.id, deque()).append(request)
+    service._top_up(now)
 
 
 def _not_found(name: str) -> JSONResponse:
