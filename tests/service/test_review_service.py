@@ -37,7 +37,7 @@ def test_tenants_review_only_their_own_jobs_and_an_edit_is_rendered(
             assert page.status_code == 200 and "renderq review" in page.text
             state = alpha.get(base + "/api").json()
             assert [i["id"] for i in state["items"]] == ["p000000", "p000001", "p000002"]
-            assert state["reviewer"] == "alpha"
+            assert state["reviewer"] == "alpha" and state["folder"] == f"job {job}"
             shot = state["items"][0]["attempts"][1]["image"]
             assert alpha.get(f"{base}/files/{shot}").content[:4] == b"\x89PNG"
 

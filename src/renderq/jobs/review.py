@@ -186,7 +186,9 @@ def decide(
     prompt: str | None = None,
 ) -> Decision:
     """Record one reviewer decision on ``out`` and rewrite its views (see the module doc)."""
-    with FolderLock(out), open_store(out) as store:
+    # The store first: a folder that is not a run folder is refused before a lock file
+    # is left in it.
+    with open_store(out) as store, FolderLock(out):
         writer = DatasetWriter(out)
         if action == "accept":
             decision = _accept(store, writer, request_id, reviewer, attempt)

@@ -42,6 +42,10 @@ if TYPE_CHECKING:
 FolderOf = Callable[[Request], Path]
 ReviewerOf = Callable[[Request], str]
 
+BULK_REVIEW_PRIORITY = 9
+"""Priority of an edited bulk prompt in the service: the highest of bulk work (0-9), so it
+goes ahead of every job's own prompts and still behind interactive requests (10-19)."""
+
 MAX_PROMPT_CHARS = 2000
 """Longest edited prompt the page takes (a render request's prompt has no use for more)."""
 
@@ -97,14 +101,14 @@ def review_app(out: Path, reviewer: str) -> FastAPI:
     return app
 
 
-def page_state(out: Path, reviewer: str) -> dict[str, Any]:
-    """What the page shows: the folder, who reviews, each escalated prompt, the gate."""
+def page_state(out: Path, reviewer: str, label: str | None = None) -> dict[str, Any]:
+    """What the page shows: the folder (or ``label``), who reviews, each prompt, the gate."""
     with review.open_store(out) as store:
         items = review.items(store)
         gate = review.gate_view(store)
         counts = store.counts()
     return {
-        "folder": str(out),
+        "folder": label if label is not None else str(out),
         "reviewer": reviewer,
         "counts": counts,
         "gate": gate.to_dict(),
@@ -193,8 +197,12 @@ def service_review_router(service: RenderService, tenant: Callable[..., Any]) ->
     @router.get("/api")
     def state(job_id: str, who: str = who_is) -> JSONResponse:
         """The job's escalated prompts with their attempts and decisions, and the gate."""
-        return _guarded(lambda: on_engine(
-            lambda now: page_state(service.jobs.get(who, job_id).folder, who)))  # fmt: skip
+
+        def read(now: float) -> dict[str, Any]:
+            # The job's id, not its folder: a tenant has no business with server paths.
+            return page_state(service.jobs.get(who, job_id).folder, who, f"job {job_id}")
+
+        return _guarded(lambda: on_engine(read))
 
     @router.post("/api/{request_id}")
     def decide(job_id: str, request_id: str, body: DecisionBody, who: str = who_is) -> JSONResponse:
@@ -220,7 +228,7 @@ def service_review_router(service: RenderService, tenant: Callable[..., Any]) ->
 
 
 def queue_edit(service: RenderService, job: ServiceJob, request_id: str, now: float) -> None:
-    """Queue a job's resubmitted prompt now, at review priority (on the loop thread).
+    """Queue a job's resubmitted prompt now, at :data:`BULK_REVIEW_PRIORITY` (loop thread).
 
     The job's open store already holds the new prompt (the decision committed it); its
     cached rows and listener learn it here, then the request joins the job's backlog,
@@ -237,7 +245,7 @@ def queue_edit(service: RenderService, job: ServiceJob, request_id: str, now: fl
         return
     request = RenderRequest(
         id=f"{job.id}{SEP}{row.id}", prompt=row.prompt, key=job.key, base_seed=row.base_seed,
-        priority=review.REVIEW_PRIORITY, guidance_scale=float(job.meta["guidance"]),
+        priority=BULK_REVIEW_PRIORITY, guidance_scale=float(job.meta["guidance"]),
         negative_prompt=str(row.spec.get("negative_prompt", "")), tenant=job.tenant, job=job.id,
     )  # fmt: skip
     # RenderService has no call to queue one request of a job; this is what its own
