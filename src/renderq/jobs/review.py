@@ -209,9 +209,7 @@ def _accept(
         raise ConfigError(f"accepting {rid!r} needs the attempt to accept")
     # Checked before the image is copied: ``images/<id>.png`` of an accepted prompt must
     # never be overwritten. The store checks again inside its transaction.
-    state = {r.prompt.id: r.state for r in store.requests()}.get(rid)
-    if state != "escalated":
-        return store.decide(rid, "accept", reviewer, attempt=attempt, file_name="-")  # refused
+    store.check_reviewable(rid)
     kept = writer.out / attempt_file_name(rid, attempt)
     if not kept.is_file():
         raise ConfigError(f"no image was kept for attempt {attempt} of {rid!r}")

@@ -373,16 +373,7 @@ class JobStore:
             raise ConfigError(f"resubmitted prompt {resubmit.id!r} must name {request_id!r}")
         at = time.time()
         with _tx(self._conn):
-            found = self._conn.execute(
-                "SELECT state FROM requests WHERE id=?", (request_id,)
-            ).fetchone()
-            if found is None:
-                raise ConfigError(f"no prompt {request_id!r} in {self.path}")
-            if found[0] != "escalated":
-                raise StoreError(
-                    f"prompt {request_id!r} is {found[0]}, not escalated; only escalated "
-                    "prompts are reviewed, once"
-                )
+            self.check_reviewable(request_id)
             if attempt is not None:
                 self._accept_attempt(request_id, attempt, file_name, at)
             else:
@@ -401,6 +392,19 @@ class JobStore:
         return Decision(request_id, action, reviewer, at, attempt,
                         resubmit.prompt if resubmit else None,
                         resubmit.id if resubmit else None)  # fmt: skip
+
+    def check_reviewable(self, request_id: str) -> None:
+        """Raise unless ``request_id`` is an escalated prompt no reviewer has decided yet."""
+        found = self._conn.execute(
+            "SELECT state FROM requests WHERE id=?", (request_id,)
+        ).fetchone()
+        if found is None:
+            raise ConfigError(f"no prompt {request_id!r} in {self.path}")
+        if found[0] != "escalated":
+            raise StoreError(
+                f"prompt {request_id!r} is {found[0]}, not escalated; only escalated prompts "
+                "are reviewed, once"
+            )
 
     def _accept_attempt(
         self, request_id: str, attempt: int, file_name: str | None, at: float
