@@ -88,15 +88,16 @@ def test_accept_reject_edit_then_a_resume_renders_the_edit(
     check_views()  # the run rewrote the views from the store: the decisions are still there
     rev = {r["id"]: r for r in _lines(out / "review.jsonl")}
     assert rev["p000002-r1"]["parent"] == "p000002"
-    assert [i.id for i in review.items(_store_of(out))] == [
-        "p000000", "p000001", "p000002", "p000003", "p000002-r1",
-    ]  # fmt: skip
-
-
-def _store_of(out: Path) -> Any:
-    from renderq.store.sqlite import JobStore
-
-    return JobStore.open(out / "renderq.sqlite")
+    with review.open_store(out) as store:
+        assert [i.id for i in review.items(store)] == [
+            "p000000", "p000001", "p000002", "p000003", "p000002-r1",
+        ]  # fmt: skip
+    # An edit of an edit counts on from the original's id.
+    again = review.decide(out, "p000002-r1", "edit", "bo", prompt="a big yellow triangle")
+    assert again.new_request_id == "p000002-r2"
+    with review.open_store(out) as store:
+        [r2] = store.requests("pending")
+    assert (r2.prompt.id, r2.prompt.parent) == ("p000002-r2", "p000002-r1")
 
 
 def test_bad_decisions_name_the_problem_and_change_nothing(escalated: Path) -> None:

@@ -1,13 +1,12 @@
 """The review page's routes: a page, its JSON, the decisions and the attempts' images.
 
-:func:`review_router` serves one run folder at a time, chosen per call by ``folder_of``
-(``renderq review OUT`` always answers with OUT); the reviewer's name comes from
-``reviewer_of``, never from the page, so a decision records who was let in, not who they
-said they were. :func:`review_app` is the whole local app of ``renderq review``.
+:func:`review_app` is the local app of ``renderq review OUT``: the routes of
+:func:`review_router` over one run folder. The reviewer's name is the command's, never the
+page's, so a decision records who was let in, not who they said they were.
 
-Routes, relative to the router's prefix: ``GET /`` the page (``review.html``, served from
-the package: no build step, nothing fetched from elsewhere), ``GET /api`` what the page
-shows, ``POST /api/{request_id}`` one decision, ``GET /files/{name}`` a kept image.
+Routes: ``GET /`` the page (``review.html``, served from the package: no build step,
+nothing fetched from elsewhere), ``GET /api`` what the page shows, ``POST /api/{request_id}``
+one decision, ``GET /files/{name}`` a kept image.
 
 :func:`service_review_router` puts the same page over each bulk job of ``renderq serve``
 at ``/v1/jobs/{job_id}/review/``: a tenant sees and decides only its own jobs (another
@@ -24,7 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
 
@@ -38,9 +37,6 @@ from renderq.store.sqlite import Decision, StoreError
 if TYPE_CHECKING:
     from renderq.service.jobs import ServiceJob
     from renderq.service.render import RenderService
-
-FolderOf = Callable[[Request], Path]
-ReviewerOf = Callable[[Request], str]
 
 BULK_REVIEW_PRIORITY = 9
 """Priority of an edited bulk prompt in the service: the highest of bulk work (0-9), so it
@@ -58,9 +54,9 @@ class DecisionBody(BaseModel):
     prompt: str | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
 
 
-def review_router(folder_of: FolderOf, reviewer_of: ReviewerOf, prefix: str = "") -> APIRouter:
-    """The review routes under ``prefix``, each on the folder ``folder_of`` picks."""
-    router = APIRouter(prefix=prefix)
+def review_router(out: Path, reviewer: str) -> APIRouter:
+    """The review routes over run folder ``out``, deciding as ``reviewer``."""
+    router = APIRouter()
 
     @router.get("/", response_class=HTMLResponse, include_in_schema=False)
     def page() -> HTMLResponse:
@@ -68,28 +64,25 @@ def review_router(folder_of: FolderOf, reviewer_of: ReviewerOf, prefix: str = ""
         return HTMLResponse(resources.files("renderq.service").joinpath("review.html").read_text())
 
     @router.get("/api")
-    def state(request: Request) -> JSONResponse:
+    def state() -> JSONResponse:
         """Every escalated prompt with its attempts and decision, and the gate's view."""
-        out = folder_of(request)
-        return _guarded(lambda: page_state(out, reviewer_of(request)))
+        return _guarded(lambda: page_state(out, reviewer))
 
     @router.post("/api/{request_id}")
-    def decide(request_id: str, body: DecisionBody, request: Request) -> JSONResponse:
+    def decide(request_id: str, body: DecisionBody) -> JSONResponse:
         """Record one decision; answers the decision as stored."""
-        out = folder_of(request)
-        who = reviewer_of(request)
 
         def run() -> dict[str, Any]:
-            d = review.decide(out, request_id, body.action, who, attempt=body.attempt,
+            d = review.decide(out, request_id, body.action, reviewer, attempt=body.attempt,
                               prompt=body.prompt)  # fmt: skip
             return decision_dict(d)
 
         return _guarded(run)
 
     @router.get("/files/{name:path}", include_in_schema=False)
-    def image(name: str, request: Request) -> Response:
+    def image(name: str) -> Response:
         """A kept attempt image or an accepted image of the folder, nothing else."""
-        return image_response(folder_of(request), name)
+        return image_response(out, name)
 
     return router
 
@@ -97,7 +90,7 @@ def review_router(folder_of: FolderOf, reviewer_of: ReviewerOf, prefix: str = ""
 def review_app(out: Path, reviewer: str) -> FastAPI:
     """The app ``renderq review OUT`` serves: the review routes on ``out`` at ``/``."""
     app = FastAPI(title="renderq review", docs_url=None, redoc_url=None)
-    app.include_router(review_router(lambda _: out, lambda _: reviewer))
+    app.include_router(review_router(out, reviewer))
     return app
 
 
