@@ -69,3 +69,15 @@ def test_decisions_over_http_and_what_is_refused(escalated: Path) -> None:
     assert s["counts"] == {"accepted": 1, "escalated": 3}
     assert s["items"][0]["decision"]["action"] == "accept"
     assert s["gate"]["accepted"]["n"] == 1
+
+
+def test_the_command_refuses_a_folder_that_is_not_a_run(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from renderq.cli.main import app
+
+    result = CliRunner().invoke(app, ["review", str(tmp_path), "--reviewer", "ana"])
+    assert result.exit_code == 2 and "is not a renderq run folder" in result.stderr
+    assert list(tmp_path.iterdir()) == []  # no lock file left behind
+    empty = CliRunner().invoke(app, ["review", str(tmp_path), "--reviewer", " "])
+    assert empty.exit_code == 2 and "--reviewer must not be empty" in empty.output
