@@ -182,6 +182,10 @@ class JobListener:
             self._append_views(outcomes)
             if self.ledger is not None:
                 self.writer.write_ledger(self.ledger.report().to_dict())
+            for o in outcomes:
+                if o.state == "accepted" and o.attempt > 0:
+                    # Accepted by the gate after all: its failed attempts need no review.
+                    self.writer.drop_attempt_images(o.request_id, range(o.attempt))
         self._count(step)
 
     def _append_views(self, outcomes: Sequence[Outcome]) -> None:

@@ -114,6 +114,11 @@ class DatasetWriter:
                 removed.append(name)
         return removed
 
+    def drop_attempt_images(self, request_id: str, attempts: range) -> None:
+        """Delete the kept images of ``attempts`` of one prompt (those that exist)."""
+        for k in attempts:
+            (self.out / attempt_file_name(request_id, k)).unlink(missing_ok=True)
+
     def prune_attempts(self, keep: set[str]) -> list[str]:
         """Delete kept attempt images (and temporaries) of prompts not in ``keep``.
 
