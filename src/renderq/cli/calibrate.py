@@ -10,7 +10,7 @@ import typer
 
 from renderq.backends.calibrate import CALIBRATION_FILE, Calibration, LabelledImage
 from renderq.backends.registry import DEFAULT_SCORER
-from renderq.core.errors import ConfigError, RenderqError
+from renderq.core.errors import RenderqError
 
 
 def calibrate(
@@ -42,6 +42,7 @@ def calibrate(
 ) -> None:
     """Choose a threshold for a target precision or pass rate; store it for renderq run."""
     from renderq.backends.diffusers import quiet_libraries
+    from renderq.core.errors import ConfigError
 
     quiet_libraries()
     try:
@@ -126,6 +127,7 @@ def calibrate_from_reviews(out: Path, target_precision: float | None, store: Pat
     come down at the target precision; labels above it need a labelled set.
     """
     from renderq.backends import calibrate as cal
+    from renderq.core.errors import ConfigError
     from renderq.jobs.review import open_store, review_labels
 
     if target_precision is None:

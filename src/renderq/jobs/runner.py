@@ -429,6 +429,22 @@ def resume_points(store: JobStore, max_attempts: int) -> tuple[dict[str, int], l
     return todo, exhausted
 
 
+def respec_edits(store: JobStore, executor: DiffusersExecutor) -> None:
+    """Give prompts a reviewer edited the prompt-length bucket of their own text.
+
+    An edit copies its original's render spec, bucket included; the bucket is a property
+    of the text and the model's text encoders, known only here, with the model loaded.
+    """
+    for row in store.requests("pending"):
+        if row.prompt.parent is None:
+            continue
+        length = executor.prompt_length(row.prompt.prompt)
+        spec = {**row.prompt.spec, "prompt_bucket": length.bucket,
+                "truncated": list(length.truncated)}  # fmt: skip
+        if spec != row.prompt.spec:
+            store.update_spec(row.prompt.id, spec)
+
+
 def run_job(
     settings: RunSettings,
     *,
@@ -472,29 +488,11 @@ def run_job(
             if stored is None:
                 with storage_errors(settings.out):
                     store.create_job(wanted, rows)
-            with storage_errors(settings.out):
-                respec_edits(store, executor)
             return _drive(settings, policy, store, executor, scorer, on_progress)
         finally:
             store.close()
     finally:
         lock.release()
-
-
-def respec_edits(store: JobStore, executor: DiffusersExecutor) -> None:
-    """Give prompts a reviewer edited the prompt-length bucket of their own text.
-
-    An edit copies its original's render spec, bucket included; the bucket is a property
-    of the text and the model's text encoders, known only here, with the model loaded.
-    """
-    for row in store.requests("pending"):
-        if row.prompt.parent is None:
-            continue
-        length = executor.prompt_length(row.prompt.prompt)
-        spec = {**row.prompt.spec, "prompt_bucket": length.bucket,
-                "truncated": list(length.truncated)}  # fmt: skip
-        if spec != row.prompt.spec:
-            store.update_spec(row.prompt.id, spec)
 
 
 def _load_executor(settings: RunSettings) -> DiffusersExecutor:
@@ -518,6 +516,7 @@ def _drive(
     with storage_errors(settings.out):
         writer = DatasetWriter(settings.out)
         run, todo = _begin_run(settings, store, writer)
+        respec_edits(store, executor)
     sched = Scheduler(
         policy,
         qa=QAPolicy(threshold=settings.threshold, max_attempts=settings.max_attempts),
