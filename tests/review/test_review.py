@@ -8,16 +8,13 @@ from typing import Any
 
 import pytest
 
-from renderq.backends.clip import ClipScorer
-from renderq.backends.diffusers import DiffusersExecutor
 from renderq.core.errors import ConfigError
 from renderq.jobs import review
-from renderq.jobs.runner import run_job
 from renderq.output.dataset import DatasetWriter
 from renderq.store.lock import FolderLock, JobLocked
 from renderq.store.sqlite import StoreError
 
-from .conftest import REVIEW_PROMPTS, escalating_settings
+from .conftest import MAX_ATTEMPTS, REVIEW_PROMPTS, run_escalating
 
 pytestmark = pytest.mark.slow
 
@@ -39,9 +36,8 @@ def test_every_attempt_of_an_escalated_prompt_keeps_its_image(escalated: Path) -
 
 
 def test_accept_reject_edit_then_a_resume_renders_the_edit(
-    escalated: Path, tiny_model: Path, tiny_clip: Path, executor: DiffusersExecutor,
-    scorer: ClipScorer,
-) -> None:  # fmt: skip
+    escalated: Path, tiny_model: Path, tiny_clip: Path
+) -> None:
     out = escalated / "out"
     a = review.decide(out, "p000000", "accept", "ana", attempt=1)
     review.decide(out, "p000001", "reject", "bo")
@@ -78,12 +74,11 @@ def test_accept_reject_edit_then_a_resume_renders_the_edit(
     assert (new.id, new.priority, new.prompt) == ("p000002-r1", 1, "a big yellow triangle on white")
 
     # The next run on the folder (a resume) renders the edited prompt through the queue.
-    s = escalating_settings(escalated, tiny_model, tiny_clip)
-    summary = run_job(s, executor=executor, scorer=scorer)
-    assert summary.submitted == 1 and summary.pending == 0
-    assert (summary.accepted, summary.escalated, summary.prompts) == (1, 4, 5)
+    summary = run_escalating(escalated, tiny_model, tiny_clip)
+    assert summary["submitted_this_run"] == 1 and summary["pending"] == 0
+    assert (summary["accepted"], summary["escalated"], summary["prompts"]) == (1, 4, 5)
     with review.open_store(out) as store:
-        assert len(store.attempts_of("p000002-r1")) == s.max_attempts
+        assert len(store.attempts_of("p000002-r1")) == MAX_ATTEMPTS
         assert {r.prompt.id: r.state for r in store.requests()}["p000002-r1"] == "escalated"
     check_views()  # the run rewrote the views from the store: the decisions are still there
     rev = {r["id"]: r for r in _lines(out / "review.jsonl")}
