@@ -25,11 +25,13 @@ lint: $(STAMP)
 types: $(STAMP)
 	$(VENV)/bin/mypy
 
-# The dashboard test drives a real headless Chromium (Debian's package).
+# The dashboard and review page tests drive a real headless Chromium (Debian's packages;
+# the review page's through Selenium and chromium-driver).
 browser:
-	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium \
-		>/dev/null; } || echo "chromium is not installed: the dashboard test will be skipped"
+	@{ command -v chromium && command -v chromedriver; } >/dev/null 2>&1 || { \
+		[ "$$(id -u)" = 0 ] && apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver \
+		>/dev/null; } || echo "chromium or chromium-driver is not installed: the browser tests will be skipped"
 
 unit: $(STAMP) browser
 	$(VENV)/bin/pytest -q

@@ -6,6 +6,9 @@ scale), so ``renderq run`` can pick it up when no ``--threshold`` is given.
 A calibration set is a JSONL file, one image a line: ``image`` (or ``file_name``, so a
 renderq ``metadata.jsonl`` works as is) with a path relative to the file, ``prompt``, and
 for the precision target a boolean ``label`` (true: the image matches its prompt).
+
+Reviewer decisions are labels too (:func:`from_labels`): the scores a run already took,
+each with the reviewer's verdict, need no image scored again.
 """
 
 from __future__ import annotations
@@ -90,6 +93,17 @@ def for_pass_rate(scores: Sequence[float], rate: float) -> tuple[float, float]:
     k = max(1, math.ceil(rate * len(ordered)))
     threshold = ordered[k - 1]
     return threshold, sum(s >= threshold for s in ordered) / len(ordered)
+
+
+def from_labels(
+    scorer: str, scale: str, labelled: Sequence[tuple[float, bool]], target: float, method: str
+) -> Calibration:
+    """The :func:`for_precision` threshold over scores already labelled (``(score, label)``)."""
+    if not labelled:
+        raise ConfigError("no labelled scores to calibrate on")
+    scores = [s for s, _ in labelled]
+    t, precision, recall = for_precision(scores, [ok for _, ok in labelled], target)
+    return Calibration(scorer, scale, t, method, target, precision, len(labelled), recall)
 
 
 def read_set(path: Path) -> list[LabelledImage]:

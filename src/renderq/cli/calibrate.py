@@ -14,7 +14,14 @@ from renderq.core.settings import DEFAULT_SCORER
 
 
 def calibrate(
-    dataset: Path = typer.Argument(..., help="JSONL: image (or file_name), prompt[, label]."),
+    dataset: Path | None = typer.Argument(
+        None, help="JSONL: image (or file_name), prompt[, label]. Not with --from-reviews."
+    ),
+    from_reviews: Path | None = typer.Option(
+        None,
+        help="A run folder: fit on its reviewer decisions and the scores its run took "
+        "(its scorer and scale; needs --target-precision).",
+    ),
     scorer: str = typer.Option(DEFAULT_SCORER, help="CLIP model: folder, hub id, embedded:*."),
     target_precision: float = typer.Option(
         None, help="Lowest threshold whose accepted images reach this precision (needs labels)."
@@ -35,13 +42,21 @@ def calibrate(
 ) -> None:
     """Choose a threshold for a target precision or pass rate; store it for renderq run."""
     from renderq.backends.diffusers import quiet_libraries
+    from renderq.core.errors import ConfigError
 
     quiet_libraries()
     try:
-        cal = run_calibration(
-            dataset, scorer, target_precision, target_pass_rate, store, device,
-            clipscore_scale, batch_size, label_with,
-        )  # fmt: skip
+        if (dataset is None) == (from_reviews is None):
+            raise ConfigError("give a labelled set or --from-reviews OUT (one of them)")
+        if from_reviews is not None:
+            if target_pass_rate is not None or label_with is not None:
+                raise ConfigError("--from-reviews takes --target-precision only")
+            cal = calibrate_from_reviews(from_reviews, target_precision, store)
+        elif dataset is not None:
+            cal = run_calibration(
+                dataset, scorer, target_precision, target_pass_rate, store, device,
+                clipscore_scale, batch_size, label_with,
+            )  # fmt: skip
     except RenderqError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -100,6 +115,33 @@ def run_calibration(
         out = cal.Calibration(scorer_id, scale, t, "pass_rate", target_pass_rate, rate, len(items))
     cal.save(store, out)
     return out
+
+
+def calibrate_from_reviews(out: Path, target_precision: float | None, store: Path) -> Calibration:
+    """Fit the threshold on the reviewer decisions of run folder ``out``; save it; return it.
+
+    The attempt a reviewer accepted is a positive, every scored attempt of a prompt they
+    rejected or edited a negative (``renderq.jobs.review.review_labels``). The scores are
+    those the run's scorer took, so the calibration is stored under that scorer and scale.
+    Reviewed prompts all scored under the run's threshold: the fit says how far it can
+    come down at the target precision; labels above it need a labelled set.
+    """
+    from renderq.backends import calibrate as cal
+    from renderq.core.errors import ConfigError
+    from renderq.jobs.review import open_store, review_labels
+
+    if target_precision is None:
+        raise ConfigError("--from-reviews needs --target-precision")
+    with open_store(out) as job:
+        config = job.job_config() or {}
+        labelled = review_labels(job)
+    if not labelled:
+        raise ConfigError(f"{out} holds no reviewer decisions with scores (renderq review {out})")
+    scorer = str(config.get("scorer", DEFAULT_SCORER))
+    scale = cal.scale_name(bool(config.get("scale100", False)))
+    found = cal.from_labels(scorer, scale, labelled, target_precision, "review_precision")
+    cal.save(store, found)
+    return found
 
 
 def oracle_labels(items: list[LabelledImage], judge: str) -> list[LabelledImage]:

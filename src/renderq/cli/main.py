@@ -7,6 +7,7 @@ import typer
 from renderq.cli.bench import bench_command
 from renderq.cli.calibrate import calibrate
 from renderq.cli.profile import profile_command
+from renderq.cli.review import review_command
 from renderq.cli.run import run as run_command
 from renderq.cli.serve import serve_command
 from renderq.cli.simulate import simulate_command
@@ -32,3 +33,4 @@ app.command("calibrate")(calibrate)
 app.command("profile")(profile_command)
 app.command("bench")(bench_command)
 app.command("serve")(serve_command)
+app.command("review")(review_command)

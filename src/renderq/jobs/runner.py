@@ -3,9 +3,9 @@
 ``run_job`` is what ``renderq run`` does: read and check the prompts, take the output
 folder's lock, open (or resume) the job store, load the model and scorer, submit every
 prompt that is not finished yet and drive the real-time engine until each one is
-accepted or escalated. :class:`JobListener` commits every step: accepted images are
-written atomically first, then the store records the step in one transaction, then the
-metadata and review lines are appended.
+accepted or escalated. :class:`JobListener` commits every step: accepted images (and
+failed attempts' images, kept for review) are written atomically first, then the store
+records the step in one transaction, then the metadata and review lines are appended.
 
 Resuming: the store is the truth. Accepted and escalated prompts are skipped; a prompt
 in flight when the previous run died is resubmitted at the attempt after its last ended
@@ -44,11 +44,12 @@ from renderq.core.settings import Batching, ModelSpec, QASettings, key_for, make
 from renderq.core.types import Batch, Request, Stage
 from renderq.jobs.prompts import PromptSpec, file_digest, generated_id, read_prompts
 from renderq.jobs.summary import Progress, RunSummary, summarise
-from renderq.output.dataset import METADATA, REVIEW, DatasetWriter
+from renderq.output.dataset import METADATA, REVIEW, DatasetWriter, attempt_file_name
 from renderq.runtime.realtime import LedgerRow, RealtimeEngine, Step
 from renderq.store.lock import FolderLock
 from renderq.store.sqlite import (
     AttemptRow,
+    Decision,
     JobStore,
     Outcome,
     PromptRow,
@@ -140,6 +141,11 @@ class JobListener:
             attempts.append(
                 AttemptRow(rid, a.attempt, a.seed, a.batch_id, a.batch_size, a.score, a.error)
             )
+            if not isinstance(ev, Accepted) and rid in step.images:
+                # A failed attempt's image is kept for the review page: any attempt may
+                # turn out to be the last of a prompt that escalates.
+                with storage_errors(self.writer.out, lost=step.ledger):
+                    self.writer.write_attempt_image(rid, a.attempt, step.images[rid])
             if isinstance(ev, Accepted):
                 # The image is on disk before the store says it was accepted.
                 with storage_errors(self.writer.out, lost=step.ledger):
@@ -154,6 +160,10 @@ class JobListener:
             self._append_views(outcomes)
             if self.ledger is not None:
                 self.writer.write_ledger(self.ledger.report().to_dict())
+            for o in outcomes:
+                if o.state == "accepted" and o.attempt > 0:
+                    # Accepted by the gate after all: its failed attempts need no review.
+                    self.writer.drop_attempt_images(o.request_id, range(o.attempt))
         self._count(step)
 
     def _append_views(self, outcomes: Sequence[Outcome]) -> None:
@@ -233,8 +243,13 @@ def metadata_row(
     batch_id: int | None,
     batch_size: int | None,
     config: dict[str, Any],
+    accepted_by: str = "gate",
 ) -> dict[str, Any]:
-    """One ``metadata.jsonl`` row (Hugging Face ImageFolder: ``file_name`` first)."""
+    """One ``metadata.jsonl`` row (Hugging Face ImageFolder: ``file_name`` first).
+
+    ``accepted_by`` is ``gate`` (the score passed) or ``review`` (a reviewer chose this
+    attempt of an escalated prompt); ``parent`` names the prompt an edited one came from.
+    """
     spec = prompt.spec
     return {
         "file_name": file_name,
@@ -254,14 +269,24 @@ def metadata_row(
         "truncated": spec.get("truncated", []),
         "batch_id": f"{run}-{batch_id}",
         "batch_size": batch_size,
+        "accepted_by": accepted_by,
+        "parent": prompt.parent,
     }
 
 
-def review_row(prompt: PromptRow, attempts: Sequence[AttemptRow]) -> dict[str, Any]:
-    """One ``review.jsonl`` row: the prompt and every attempt's seed, score and error."""
+def review_row(
+    prompt: PromptRow, attempts: Sequence[AttemptRow], decision: Decision | None = None
+) -> dict[str, Any]:
+    """One ``review.jsonl`` row: the prompt, every attempt's seed, score, error and image.
+
+    ``review`` is None while the prompt awaits a reviewer; once rejected or edited it says
+    so, who decided and when (and for an edit, the request it was resubmitted as).
+    """
     return {
         "id": prompt.id,
         "prompt": prompt.prompt,
+        "parent": prompt.parent,
+        "review": None if decision is None else _review_field(decision),
         "attempts": [
             {
                 "attempt": a.attempt,
@@ -270,10 +295,19 @@ def review_row(prompt: PromptRow, attempts: Sequence[AttemptRow]) -> dict[str, A
                 "error": a.error,
                 "batch_id": f"{a.run}-{a.batch_id}",
                 "batch_size": a.batch_size,
+                "image": attempt_file_name(prompt.id, a.attempt) if a.error is None else None,
             }
             for a in attempts
         ],
     }
+
+
+def _review_field(d: Decision) -> dict[str, Any]:
+    done = {"accept": "accepted", "reject": "rejected", "edit": "edited"}[d.action]
+    out: dict[str, Any] = {"decision": done, "reviewer": d.reviewer, "at": d.at}
+    if d.action == "edit":
+        out.update(new_prompt=d.prompt, resubmitted_as=d.new_request_id)
+    return out
 
 
 def build_prompt_rows(
@@ -346,6 +380,7 @@ def _request(row: StoredRequest, attempt: int, model_spec: ModelSpec, executor: 
         attempt=attempt,
         guidance_scale=guidance,
         negative_prompt=spec["negative_prompt"],
+        priority=row.prompt.priority,
     )
 
 
@@ -371,6 +406,22 @@ def resume_points(store: JobStore, max_attempts: int) -> tuple[dict[str, int], l
         else:
             todo[row.prompt.id] = nxt
     return todo, exhausted
+
+
+def respec_edits(store: JobStore, executor: DiffusersExecutor) -> None:
+    """Give prompts a reviewer edited the prompt-length bucket of their own text.
+
+    An edit copies its original's render spec, bucket included; the bucket is a property
+    of the text and the model's text encoders, known only here, with the model loaded.
+    """
+    for row in store.requests("pending"):
+        if row.prompt.parent is None:
+            continue
+        length = executor.prompt_length(row.prompt.prompt)
+        spec = {**row.prompt.spec, "prompt_bucket": length.bucket,
+                "truncated": list(length.truncated)}  # fmt: skip
+        if spec != row.prompt.spec:
+            store.update_spec(row.prompt.id, spec)
 
 
 def run_job(
@@ -435,6 +486,7 @@ def _drive(
     with storage_errors(settings.out):
         writer = DatasetWriter(settings.out)
         run, todo = _begin_run(settings, store, writer)
+        respec_edits(store, executor)
     sched = Scheduler(
         make_policy(settings.batching),
         qa=settings.qa.policy(),
@@ -444,9 +496,9 @@ def _drive(
         writer.write_ledger(sched.ledger.report().to_dict())
     all_rows = store.requests()
     counts = store.counts()
-    progress = Progress(
-        len(all_rows), accepted=counts.get("accepted", 0), escalated=counts.get("escalated", 0)
-    )
+    # Prompts a reviewer rejected or edited escalated first: they are done here too.
+    ended = sum(counts.get(s, 0) for s in ("escalated", "rejected", "edited"))
+    progress = Progress(len(all_rows), accepted=counts.get("accepted", 0), escalated=ended)
     prompts = {r.prompt.id: r.prompt for r in all_rows}
     config = store.job_config() or {}
     listener = JobListener(
@@ -507,10 +559,18 @@ def _begin_run(
 
 
 def refresh_views(store: JobStore, writer: DatasetWriter) -> None:
-    """Rewrite metadata/review from the store and delete images the store does not know."""
+    """Rewrite metadata/review from the store and delete images the store does not know.
+
+    ``review.jsonl`` lists the escalated prompts and those a reviewer rejected or edited;
+    one a reviewer accepted is in ``metadata.jsonl``, marked ``accepted_by: review``.
+    """
     config = store.job_config() or {}
     accepted = store.requests("accepted")
+    decided = {d.request_id: d for d in store.decisions()}
     writer.prune({r.file_name for r in accepted if r.file_name})
+    writer.prune_attempts(
+        {r.prompt.id for r in store.requests() if r.state != "accepted" or r.prompt.id in decided}
+    )
     writer.rewrite(
         METADATA,
         [
@@ -523,6 +583,7 @@ def refresh_views(store: JobStore, writer: DatasetWriter) -> None:
                 r.batch_id,
                 r.batch_size,
                 config,
+                "review" if r.prompt.id in decided else "gate",
             )
             for r in accepted
         ],
@@ -530,5 +591,9 @@ def refresh_views(store: JobStore, writer: DatasetWriter) -> None:
     ended = store.attempts()
     writer.rewrite(
         REVIEW,
-        [review_row(r.prompt, ended.get(r.prompt.id, [])) for r in store.requests("escalated")],
+        [
+            review_row(r.prompt, ended.get(r.prompt.id, []), decided.get(r.prompt.id))
+            for r in store.requests()
+            if r.state in ("escalated", "rejected", "edited")
+        ],
     )

@@ -138,7 +138,8 @@ def summarise(
         out=out,
         prompts=sum(counts.values()),
         accepted=counts.get("accepted", 0),
-        escalated=counts.get("escalated", 0),
+        # A prompt a reviewer rejected or edited escalated first; it counts as escalated.
+        escalated=sum(counts.get(s, 0) for s in ("escalated", "rejected", "edited")),
         pending=counts.get("pending", 0),
         submitted=submitted,
         batches=len(batch_sizes),

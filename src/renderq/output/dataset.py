@@ -1,5 +1,8 @@
 """The dataset writer: ``OUT/images/*.png`` plus ``metadata.jsonl`` (Hugging Face ImageFolder).
 
+Failed attempts' images are kept apart, under ``OUT/review/<id>-<attempt>.png``, for the
+review page: they are not part of the dataset unless a reviewer accepts one.
+
 Images are written atomically (a temporary file in the same folder, then ``os.replace``),
 before the store marks them accepted. ``metadata.jsonl``, ``review.jsonl`` and
 ``ledger.json`` are views of the store: lines are appended as prompts finish, and each
@@ -21,7 +24,13 @@ IMAGES = "images"
 METADATA = "metadata.jsonl"
 REVIEW = "review.jsonl"
 LEDGER = "ledger.json"
+REVIEW_IMAGES = "review"
 _TMP_SUFFIX = ".part"
+
+
+def attempt_file_name(request_id: str, attempt: int) -> str:
+    """Where a failed attempt's image is kept, relative to the output folder."""
+    return f"{REVIEW_IMAGES}/{request_id}-{attempt}.png"
 
 
 def _pil() -> Any:
@@ -57,7 +66,14 @@ class DatasetWriter:
 
     def write_image(self, request_id: str, image: Any) -> str:
         """Write an image (uint8 HWC array or PIL image) atomically; returns its file name."""
-        name = self.file_name(request_id)
+        return self._write_png(self.file_name(request_id), image)
+
+    def write_attempt_image(self, request_id: str, attempt: int, image: Any) -> str:
+        """Keep a failed attempt's image for review, atomically; returns its file name."""
+        (self.out / REVIEW_IMAGES).mkdir(exist_ok=True)
+        return self._write_png(attempt_file_name(request_id, attempt), image)
+
+    def _write_png(self, name: str, image: Any) -> str:
         path = self.out / name
         tmp = path.with_name(path.name + _TMP_SUFFIX)
         pil = image if hasattr(image, "save") else _pil().fromarray(image)
@@ -96,4 +112,26 @@ class DatasetWriter:
             if name not in keep:
                 path.unlink()
                 removed.append(name)
+        return removed
+
+    def drop_attempt_images(self, request_id: str, attempts: range) -> None:
+        """Delete the kept images of ``attempts`` of one prompt (those that exist)."""
+        for k in attempts:
+            (self.out / attempt_file_name(request_id, k)).unlink(missing_ok=True)
+
+    def prune_attempts(self, keep: set[str]) -> list[str]:
+        """Delete kept attempt images (and temporaries) of prompts not in ``keep``.
+
+        A prompt the gate accepted in the end needs no review, so its failed attempts'
+        images go; those of prompts that may still reach review stay.
+        """
+        folder = self.out / REVIEW_IMAGES
+        removed: list[str] = []
+        if not folder.is_dir():
+            return removed
+        for path in sorted(folder.iterdir()):
+            rid = path.name.removesuffix(_TMP_SUFFIX).removesuffix(".png").rpartition("-")[0]
+            if rid not in keep or path.name.endswith(_TMP_SUFFIX):
+                path.unlink()
+                removed.append(f"{REVIEW_IMAGES}/{path.name}")
         return removed

@@ -21,6 +21,7 @@ from renderq import __version__
 from renderq.core.errors import ConfigError
 from renderq.service.jobs import JobNotFound
 from renderq.service.render import ImageResult, Refused, RenderService
+from renderq.service.review import service_review_router
 from renderq.service.schemas import (
     ErrorBody,
     GenerationRequest,
@@ -300,6 +301,7 @@ def create_app(service: RenderService) -> FastAPI:
         page = resources.files("renderq.service").joinpath("dashboard.html").read_text()
         return HTMLResponse(page)
 
+    app.include_router(service_review_router(service, tenant))
     _ = JobPrompt  # documented in the schema through JobCreate
     return app
 

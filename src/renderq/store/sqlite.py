@@ -4,10 +4,16 @@ One database per output folder, in WAL mode, with a schema version in ``meta``. 
 ``jobs`` (the job's settings), ``runs`` (each process that worked on it), ``requests``
 (one row per prompt and its terminal state), ``attempts`` (every scored or failed
 attempt: seed, batch, score, error), ``scores`` (each score with the scorer that gave
-it) and ``ledger`` (device-seconds per stage and device class, one row per booking).
+it), ``ledger`` (device-seconds per stage and device class, one row per booking) and
+``decisions`` (each reviewer decision on an escalated prompt: who, when, what).
 Each scheduler step that changes state (a render batch coming back, a score batch
 coming back) is committed in one transaction with the ledger rows it booked, so a crash
-leaves either all of a step or none of it.
+leaves either all of a step or none of it; so is each reviewer decision with the state
+change it makes.
+
+Schema versions: 1 had no review; 2 adds ``decisions`` and, on ``requests``, ``parent``
+(the prompt an edited prompt was resubmitted from) and ``priority``. A version 1 store is
+migrated in place when opened; the migration is one transaction.
 """
 
 from __future__ import annotations
@@ -22,8 +28,13 @@ from typing import Any
 
 from renderq.core.errors import ConfigError, RenderqError
 
-SCHEMA_VERSION = 1
-"""Version of the tables below; a store with another version is refused."""
+SCHEMA_VERSION = 2
+"""Version of the tables below; an older store is migrated, a newer one refused."""
+
+ACTIONS = ("accept", "reject", "edit")
+"""What a reviewer can decide about an escalated prompt."""
+
+_REVIEWED_STATE = {"accept": "accepted", "reject": "rejected", "edit": "edited"}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -36,7 +47,8 @@ CREATE TABLE IF NOT EXISTS requests (
     id TEXT PRIMARY KEY, job_id INTEGER NOT NULL REFERENCES jobs(id), idx INTEGER NOT NULL,
     prompt TEXT NOT NULL, base_seed INTEGER NOT NULL, spec TEXT NOT NULL,
     state TEXT NOT NULL DEFAULT 'pending', attempt INTEGER, score REAL, file_name TEXT,
-    run INTEGER, batch_id INTEGER, batch_size INTEGER, updated REAL);
+    run INTEGER, batch_id INTEGER, batch_size INTEGER, updated REAL,
+    parent TEXT REFERENCES requests(id), priority INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS attempts (
     request_id TEXT NOT NULL REFERENCES requests(id), attempt INTEGER NOT NULL,
     seed INTEGER NOT NULL, run INTEGER NOT NULL, batch_id INTEGER NOT NULL,
@@ -50,8 +62,19 @@ CREATE TABLE IF NOT EXISTS scores (
     score REAL NOT NULL, run INTEGER NOT NULL,
     PRIMARY KEY (request_id, attempt, scorer),
     FOREIGN KEY (request_id, attempt) REFERENCES attempts(request_id, attempt));
+CREATE TABLE IF NOT EXISTS decisions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, request_id TEXT NOT NULL REFERENCES requests(id),
+    action TEXT NOT NULL, reviewer TEXT NOT NULL, at REAL NOT NULL, attempt INTEGER,
+    prompt TEXT, new_request_id TEXT REFERENCES requests(id));
 CREATE INDEX IF NOT EXISTS requests_state ON requests(state);
 """
+
+#: Version 1 -> 2, run in one transaction when a version 1 store is opened (the
+#: ``decisions`` table itself comes from ``_SCHEMA``, which is idempotent).
+_MIGRATE_1_TO_2 = (
+    "ALTER TABLE requests ADD COLUMN parent TEXT REFERENCES requests(id)",
+    "ALTER TABLE requests ADD COLUMN priority INTEGER NOT NULL DEFAULT 0",
+)
 
 
 class StoreError(RenderqError):
@@ -60,13 +83,19 @@ class StoreError(RenderqError):
 
 @dataclass(frozen=True, slots=True)
 class PromptRow:
-    """A prompt of the job as stored: its id, position, text, base seed and render spec."""
+    """A prompt of the job as stored: its id, position, text, base seed and render spec.
+
+    ``parent`` is set on a prompt a reviewer edited and resubmitted: the id it came from;
+    ``priority`` is the scheduler priority its requests get.
+    """
 
     id: str
     idx: int
     prompt: str
     base_seed: int
     spec: dict[str, Any]
+    parent: str | None = None
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +127,11 @@ class Outcome:
 
 @dataclass(frozen=True, slots=True)
 class StoredRequest:
-    """A prompt's row with its current state (``pending``, ``accepted``, ``escalated``)."""
+    """A prompt's row with its current state.
+
+    ``pending``, ``accepted``, ``escalated``, and after a reviewer's decision on an
+    escalated prompt ``accepted`` (the chosen attempt), ``rejected`` or ``edited``.
+    """
 
     prompt: PromptRow
     state: str
@@ -108,6 +141,23 @@ class StoredRequest:
     run: int | None
     batch_id: int | None
     batch_size: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A reviewer's decision on an escalated prompt, as recorded.
+
+    ``action`` is one of :data:`ACTIONS`; ``attempt`` is the accepted attempt; ``prompt``
+    and ``new_request_id`` the edited text and the request it was resubmitted as.
+    """
+
+    request_id: str
+    action: str
+    reviewer: str
+    at: float
+    attempt: int | None = None
+    prompt: str | None = None
+    new_request_id: str | None = None
 
 
 class JobStore:
@@ -132,6 +182,12 @@ class JobStore:
                 if row is None:
                     conn.execute(
                         "INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+                    )
+                elif int(row[0]) == 1:
+                    for sql in _MIGRATE_1_TO_2:
+                        conn.execute(sql)
+                    conn.execute(
+                        "UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),)
                     )
                 elif int(row[0]) != SCHEMA_VERSION:
                     raise StoreError(
@@ -164,11 +220,15 @@ class JobStore:
                 "INSERT INTO jobs VALUES (1, ?, ?)",
                 (time.time(), json.dumps(config, sort_keys=True)),
             )
-            self._conn.executemany(
-                "INSERT INTO requests (id, job_id, idx, prompt, base_seed, spec) "
-                "VALUES (?, 1, ?, ?, ?, ?)",
-                [(p.id, p.idx, p.prompt, p.base_seed, json.dumps(p.spec)) for p in prompts],
-            )
+            self._insert_prompts(prompts)
+
+    def _insert_prompts(self, prompts: Sequence[PromptRow]) -> None:
+        self._conn.executemany(
+            "INSERT INTO requests (id, job_id, idx, prompt, base_seed, spec, parent, priority) "
+            "VALUES (?, 1, ?, ?, ?, ?, ?, ?)",
+            [(p.id, p.idx, p.prompt, p.base_seed, json.dumps(p.spec), p.parent, p.priority)
+             for p in prompts],
+        )  # fmt: skip
 
     def start_run(self, pid: int, mode: str) -> int:
         """Record a process starting work on the job; returns the run number."""
@@ -228,8 +288,8 @@ class JobStore:
     def requests(self, state: str | None = None) -> list[StoredRequest]:
         """Every prompt (or those in ``state``), in job order."""
         sql = (
-            "SELECT id, idx, prompt, base_seed, spec, state, attempt, score, file_name, run, "
-            "batch_id, batch_size FROM requests"
+            "SELECT id, idx, prompt, base_seed, spec, parent, priority, state, attempt, score, "
+            "file_name, run, batch_id, batch_size FROM requests"
         )
         args: tuple[Any, ...] = ()
         if state is not None:
@@ -237,7 +297,8 @@ class JobStore:
             args = (state,)
         rows = self._conn.execute(sql + " ORDER BY idx", args).fetchall()
         return [
-            StoredRequest(PromptRow(r[0], r[1], r[2], r[3], json.loads(r[4])), *r[5:]) for r in rows
+            StoredRequest(PromptRow(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6]), *r[7:])
+            for r in rows
         ]
 
     def attempts(self) -> dict[str, list[AttemptRow]]:
@@ -279,6 +340,110 @@ class JobStore:
     def runs(self) -> int:
         """How many runs have worked on this job."""
         return int(self._conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0])
+
+    # -- review -------------------------------------------------------------------------
+
+    def decide(
+        self,
+        request_id: str,
+        action: str,
+        reviewer: str,
+        *,
+        attempt: int | None = None,
+        file_name: str | None = None,
+        resubmit: PromptRow | None = None,
+    ) -> Decision:
+        """Record a reviewer's decision on an escalated prompt and make its state change.
+
+        ``accept`` marks the prompt accepted at ``attempt`` with ``file_name`` (its image,
+        already written); ``reject`` marks it rejected; ``edit`` marks it edited and adds
+        ``resubmit``, a new pending prompt whose ``parent`` is this one. The decision and
+        the change are one transaction; a prompt that is not escalated (pending, accepted
+        by the gate, or decided already) is refused, so a prompt is decided at most once.
+        """
+        if action not in ACTIONS:
+            raise ConfigError(f"review action must be one of {', '.join(ACTIONS)}, got {action!r}")
+        if not reviewer.strip():
+            raise ConfigError("a review decision needs the reviewer's name")
+        if (action == "accept") != (attempt is not None and file_name is not None):
+            raise ConfigError("accept needs the attempt and its image; reject and edit take none")
+        if (action == "edit") != (resubmit is not None):
+            raise ConfigError("edit needs the resubmitted prompt; accept and reject take none")
+        if resubmit is not None and resubmit.parent != request_id:
+            raise ConfigError(f"resubmitted prompt {resubmit.id!r} must name {request_id!r}")
+        at = time.time()
+        with _tx(self._conn):
+            self.check_reviewable(request_id)
+            if attempt is not None:
+                self._accept_attempt(request_id, attempt, file_name, at)
+            else:
+                self._conn.execute(
+                    "UPDATE requests SET state=?, updated=? WHERE id=?",
+                    (_REVIEWED_STATE[action], at, request_id),
+                )
+            if resubmit is not None:
+                self._insert_prompts([resubmit])
+            self._conn.execute(
+                "INSERT INTO decisions (request_id, action, reviewer, at, attempt, prompt, "
+                "new_request_id) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (request_id, action, reviewer, at, attempt,
+                 resubmit.prompt if resubmit else None, resubmit.id if resubmit else None),
+            )  # fmt: skip
+        return Decision(request_id, action, reviewer, at, attempt,
+                        resubmit.prompt if resubmit else None,
+                        resubmit.id if resubmit else None)  # fmt: skip
+
+    def check_reviewable(self, request_id: str) -> None:
+        """Raise unless ``request_id`` is an escalated prompt no reviewer has decided yet."""
+        found = self._conn.execute(
+            "SELECT state FROM requests WHERE id=?", (request_id,)
+        ).fetchone()
+        if found is None:
+            raise ConfigError(f"no prompt {request_id!r} in {self.path}")
+        if found[0] != "escalated":
+            raise StoreError(
+                f"prompt {request_id!r} is {found[0]}, not escalated; only escalated prompts "
+                "are reviewed, once"
+            )
+
+    def _accept_attempt(
+        self, request_id: str, attempt: int, file_name: str | None, at: float
+    ) -> None:
+        row = self._conn.execute(
+            "SELECT score, run, batch_id, batch_size FROM attempts "
+            "WHERE request_id=? AND attempt=? AND error IS NULL",
+            (request_id, attempt),
+        ).fetchone()
+        if row is None:
+            raise ConfigError(f"prompt {request_id!r} has no rendered attempt {attempt}")
+        self._conn.execute(
+            "UPDATE requests SET state='accepted', attempt=?, score=?, file_name=?, run=?, "
+            "batch_id=?, batch_size=?, updated=? WHERE id=?",
+            (attempt, row[0], file_name, row[1], row[2], row[3], at, request_id),
+        )
+
+    def update_spec(self, request_id: str, spec: dict[str, Any]) -> None:
+        """Replace a pending prompt's render spec (an edited prompt's, once the model is known)."""
+        with _tx(self._conn):
+            cur = self._conn.execute(
+                "UPDATE requests SET spec=? WHERE id=? AND state='pending'",
+                (json.dumps(spec), request_id),
+            )
+            if cur.rowcount != 1:
+                raise StoreError(f"request {request_id!r} is not pending; its spec stays")
+
+    def decisions(self) -> list[Decision]:
+        """Every reviewer decision, oldest first."""
+        rows = self._conn.execute(
+            "SELECT request_id, action, reviewer, at, attempt, prompt, new_request_id "
+            "FROM decisions ORDER BY id"
+        )
+        return [Decision(*r) for r in rows]
+
+    def next_index(self) -> int:
+        """The position a prompt added now takes in job order (after every other)."""
+        row = self._conn.execute("SELECT COALESCE(MAX(idx), -1) + 1 FROM requests").fetchone()
+        return int(row[0])
 
 
 class _tx:
