@@ -53,6 +53,11 @@ def run(
         None, help="Guidance scale (default: the pipeline's own, else 7.5)."
     ),
     device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
+    devices: str = typer.Option(
+        "",
+        help="Render on a pool, one worker process per device: cuda:0,cuda:1 or cuda (every "
+        "GPU), cpu:1,cpu:1 (two one-thread CPU workers); =CLASS names a device's class.",
+    ),
     precision: str = typer.Option("fp32", help="fp32, fp16 or bf16."),
     seed: int = typer.Option(0, help="Base seed; prompt i gets seed + i unless its line sets one."),
     clipscore_scale: bool = typer.Option(
@@ -68,6 +73,7 @@ def run(
 ) -> None:
     """Render every prompt, gate it with CLIP, regenerate failures, write a dataset."""
     from renderq.backends.diffusers import free_cores, quiet_libraries
+    from renderq.backends.pool import parse_devices
     from renderq.jobs.runner import RunSettings, run_job
 
     try:
@@ -91,6 +97,7 @@ def run(
             scale100=clipscore_scale,
             max_queue_delay_s=max_queue_delay,
         )
+        pool = parse_devices(devices) if devices else []
         quiet_libraries()
         if threads > 0 or device == "cpu":
             import torch
@@ -99,7 +106,7 @@ def run(
         terminal = sys.stderr.isatty()
         shown = progress_for(terminal) if not (terminal and as_json) else ProgressLines(1e18)
         with shown as bar:
-            summary = run_job(settings, on_progress=bar.update, warn=_warn)
+            summary = run_job(settings, on_progress=bar.update, warn=_warn, devices=pool)
     except RenderqError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -27,6 +27,7 @@ from typing import Any
 
 from renderq.backends.clip import ClipScorer
 from renderq.backends.diffusers import DiffusersExecutor
+from renderq.backends.pool import DevicePool, LoadSpec, WorkerSpec
 from renderq.backends.registry import (
     DEFAULT_MODEL,
     DEFAULT_SCORER,
@@ -38,7 +39,7 @@ from renderq.core.errors import ConfigError, StorageError
 from renderq.core.events import Accepted, Escalated, Regenerating
 from renderq.core.ledger import Ledger
 from renderq.core.policies import Policy
-from renderq.core.protocols import Scorer
+from renderq.core.protocols import Executor, Scorer
 from renderq.core.qa import DEFAULT_MAX_ATTEMPTS, QAPolicy
 from renderq.core.scheduler import Scheduler
 from renderq.core.seeds import MAX_SEED, seed_for
@@ -351,11 +352,13 @@ def input_notices(
     return notices
 
 
-def _request(row: StoredRequest, attempt: int, settings: RunSettings, executor: Any) -> Request:
+def _request(
+    row: StoredRequest, attempt: int, settings: RunSettings, executor: Any, device_class: str
+) -> Request:
     spec = row.prompt.spec
     key = key_for(
         settings.model, spec["width"], spec["height"], spec["steps"], settings.guidance,
-        executor.sampler, settings.precision, executor.device_class,
+        executor.sampler, settings.precision, device_class,
         int(spec.get("prompt_bucket", 0)),
     )  # fmt: skip
     return Request(
@@ -400,11 +403,14 @@ def run_job(
     scorer: Scorer | None = None,
     on_progress: Callable[[Progress], None] | None = None,
     warn: Callable[[str], None] | None = None,
+    devices: Sequence[WorkerSpec] = (),
 ) -> RunSummary:
     """Run (or resume) the job described by ``settings``; returns the summary.
 
     ``warn`` receives notices about the input that do not stop the job (prompts a text
-    encoder will truncate).
+    encoder will truncate). ``devices``: render on a pool of worker processes, one per
+    device (:mod:`renderq.backends.pool`), instead of on ``executor`` in this process,
+    which then only checks the prompts (sizes, prompt lengths).
     """
     specs = read_prompts(settings.prompts)
     policy = settings.policy()
@@ -436,7 +442,11 @@ def run_job(
             if stored is None:
                 with storage_errors(settings.out):
                     store.create_job(wanted, rows)
-            return _drive(settings, policy, store, executor, scorer, on_progress)
+            if not devices:
+                return _drive(settings, policy, store, executor, scorer, on_progress)
+            with _start_pool(settings, devices) as pool:
+                workers = pool.executors()
+                return _drive(settings, policy, store, executor, scorer, on_progress, workers)
         finally:
             store.close()
     finally:
@@ -452,6 +462,17 @@ def _load_executor(settings: RunSettings) -> DiffusersExecutor:
     )
 
 
+def _start_pool(settings: RunSettings, devices: Sequence[WorkerSpec]) -> DevicePool:
+    classes = sorted({d.device_class for d in devices})
+    if len(classes) > 1:
+        raise ConfigError(
+            f"--devices names the device classes {classes}: the render stage runs on one class"
+        )
+    return DevicePool.start(
+        devices, LoadSpec(resolve(settings.model), settings.model, settings.precision)
+    )
+
+
 def _drive(
     settings: RunSettings,
     policy: Policy,
@@ -459,6 +480,7 @@ def _drive(
     executor: DiffusersExecutor,
     scorer: Scorer,
     on_progress: Callable[[Progress], None] | None,
+    workers: dict[str, list[Executor]] | None = None,
 ) -> RunSummary:
     started = time.monotonic()
     with storage_errors(settings.out):
@@ -482,13 +504,14 @@ def _drive(
     listener = JobListener(
         store, writer, run, settings, prompts, progress, config, on_progress, ledger=sched.ledger
     )
+    executors: dict[str, Any] = workers or {executor.device_class: executor}
     engine = RealtimeEngine(
-        sched, {executor.device_class: executor}, scorer, listener,
-        score_batch_size=settings.score_batch_size,
-    )  # fmt: skip
+        sched, executors, scorer, listener, score_batch_size=settings.score_batch_size
+    )
+    [render_class] = executors
     for row in all_rows:
         if row.prompt.id in todo:
-            engine.submit(_request(row, todo[row.prompt.id], settings, executor))
+            engine.submit(_request(row, todo[row.prompt.id], settings, executor, render_class))
     if on_progress is not None:
         on_progress(progress)
     engine.run()
