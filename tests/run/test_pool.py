@@ -276,3 +276,62 @@ def test_a_worker_process_killed_mid_batch_loses_nothing_and_repeats_nothing(
     _same_images(_accepted(out), _accepted(ref_out))
     ledger = json.loads((out / "ledger.json").read_text())
     assert ledger["device_seconds"][Stage.LOST.value] > 0
+
+
+# -- one device class per stage, priced ------------------------------------------------------
+
+
+@pytest.mark.slow
+@embedded
+def test_render_and_score_on_their_own_classes_book_and_price_apart(
+    one_worker: tuple[Path, dict[str, Any], Path],
+) -> None:
+    tmp, ref, _ = one_worker
+    summary, out = _run(
+        tmp, "classes", "--devices", "cpu:1=render-cpu", "--scorer-devices", "cpu=score-cpu",
+        "--price", "render-cpu=0.05,score-cpu=0.02",
+    )  # fmt: skip
+    assert summary["accepted"] == ref["accepted"]
+    ledger = json.loads((out / "ledger.json").read_text())
+    for figures in (ledger, summary):
+        by = figures["by_device_class"]
+        assert set(by) == {"render-cpu", "score-cpu"}
+        assert set(by["render-cpu"]["device_seconds"]) <= {"render", "regen"}
+        assert set(by["score-cpu"]["device_seconds"]) <= {"score", "rescore"}
+        for dc, price in (("render-cpu", 0.05), ("score-cpu", 0.02)):
+            hours = by[dc]["gpu_hours"]
+            assert hours > 0 and by[dc]["cost"] == pytest.approx(hours * price)
+            assert by[dc]["cost_per_10k_accepted"] == pytest.approx(
+                hours * price / ref["accepted"] * 10_000
+            )
+    assert ledger["cost_per_10k_accepted"] == pytest.approx(
+        sum(v["cost_per_10k_accepted"] for v in ledger["by_device_class"].values())
+    )
+
+
+@pytest.mark.slow
+@embedded
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--price", "cpu=0.05"], "no price for device class 'score-cpu'"),
+        (["--scorer-devices", "cpu,cpu"], "--scorer-devices takes one device, got 'cpu,cpu'"),
+        (["--price", "cpu=free"], "--price entry 'cpu=free' is not CLASS=PRICE"),
+    ],
+)
+def test_bad_stage_classes_and_prices_are_named(
+    tmp_path: Path, extra: list[str], message: str
+) -> None:
+    from renderq.cli.main import app
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a blue circle\n", encoding="utf-8")
+    args = ["run", str(prompts), "--out", str(tmp_path / "out"), "--steps", "2", "--threads", "1"]
+    if "--scorer-devices" not in extra:
+        args += ["--scorer-devices", "cpu=score-cpu"]
+    result = CliRunner().invoke(app, [*args, *extra])
+    assert result.exit_code == 2
+    assert message in result.output
+    assert not (tmp_path / "out" / "images").exists() or not any(
+        (tmp_path / "out" / "images").iterdir()
+    )

@@ -20,7 +20,7 @@ import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,6 +144,8 @@ class JobListener:
     #: The scheduler's ledger: when set, ``ledger.json`` is rewritten after every commit,
     #: so it is current even after the process is killed.
     ledger: Ledger | None = None
+    #: Price per device-hour of each device class, for the money in ``ledger.json``.
+    prices: Mapping[str, float] = field(default_factory=dict)
 
     def started(self, batch: Batch) -> None:
         """Count the batch and its renders."""
@@ -175,7 +177,7 @@ class JobListener:
         with storage_errors(self.writer.out):
             self._append_views(outcomes)
             if self.ledger is not None:
-                self.writer.write_ledger(self.ledger.report().to_dict())
+                self.writer.write_ledger(self.ledger.report(prices=self.prices).to_dict())
         self._count(step)
 
     def _append_views(self, outcomes: Sequence[Outcome]) -> None:
@@ -404,13 +406,18 @@ def run_job(
     on_progress: Callable[[Progress], None] | None = None,
     warn: Callable[[str], None] | None = None,
     devices: Sequence[WorkerSpec] = (),
+    scorer_device: WorkerSpec | None = None,
+    prices: Mapping[str, float] | None = None,
 ) -> RunSummary:
     """Run (or resume) the job described by ``settings``; returns the summary.
 
     ``warn`` receives notices about the input that do not stop the job (prompts a text
     encoder will truncate). ``devices``: render on a pool of worker processes, one per
     device (:mod:`renderq.backends.pool`), instead of on ``executor`` in this process,
-    which then only checks the prompts (sizes, prompt lengths).
+    which then only checks the prompts (sizes, prompt lengths). ``scorer_device``: the
+    device and device class the scorer runs on (in this process; default: the run's
+    device). ``prices``: each device class's price per hour; every class the run uses
+    must have one.
     """
     specs = read_prompts(settings.prompts)
     policy = settings.policy()
@@ -433,20 +440,20 @@ def run_job(
             if warn is not None:
                 for notice in input_notices(settings, specs, rows):
                     warn(notice)
-            scorer = scorer or ClipScorer.load(
-                resolve(settings.scorer),
-                device=settings.device,
-                scale100=settings.scale100,
-                name=settings.scorer,
-            )
+            scorer = scorer or _load_scorer(settings, scorer_device)
+            render_classes = {d.device_class for d in devices} or {executor.device_class}
+            _check_prices(prices, render_classes | {scorer.device_class})
             if stored is None:
                 with storage_errors(settings.out):
                     store.create_job(wanted, rows)
+            prices = dict(prices or {})
             if not devices:
-                return _drive(settings, policy, store, executor, scorer, on_progress)
+                return _drive(settings, policy, store, executor, scorer, on_progress, prices)
             with _start_pool(settings, devices) as pool:
-                workers = pool.executors()
-                return _drive(settings, policy, store, executor, scorer, on_progress, workers)
+                return _drive(
+                    settings, policy, store, executor, scorer, on_progress, prices,
+                    pool.executors(),
+                )  # fmt: skip
         finally:
             store.close()
     finally:
@@ -460,6 +467,26 @@ def _load_executor(settings: RunSettings) -> DiffusersExecutor:
         precision=settings.precision,
         name=settings.model,
     )
+
+
+def _load_scorer(settings: RunSettings, where: WorkerSpec | None) -> ClipScorer:
+    scorer = ClipScorer.load(
+        resolve(settings.scorer),
+        device=settings.device if where is None else where.device,
+        scale100=settings.scale100,
+        name=settings.scorer,
+    )
+    if where is not None:
+        scorer.device_class = where.device_class
+    return scorer
+
+
+def _check_prices(prices: Mapping[str, float] | None, classes: set[str]) -> None:
+    missing = sorted(classes - set(prices or {}))
+    if prices and missing:
+        raise ConfigError(
+            f"--price has no price for device class {missing[0]!r}; this run uses {sorted(classes)}"
+        )
 
 
 def _start_pool(settings: RunSettings, devices: Sequence[WorkerSpec]) -> DevicePool:
@@ -480,6 +507,7 @@ def _drive(
     executor: DiffusersExecutor,
     scorer: Scorer,
     on_progress: Callable[[Progress], None] | None,
+    prices: Mapping[str, float],
     workers: dict[str, list[Executor]] | None = None,
 ) -> RunSummary:
     started = time.monotonic()
@@ -493,7 +521,7 @@ def _drive(
         ledger=restore_ledger(store),
     )
     with storage_errors(settings.out):
-        writer.write_ledger(sched.ledger.report().to_dict())
+        writer.write_ledger(sched.ledger.report(prices=prices).to_dict())
     all_rows = store.requests()
     counts = store.counts()
     progress = Progress(
@@ -502,8 +530,9 @@ def _drive(
     prompts = {r.prompt.id: r.prompt for r in all_rows}
     config = store.job_config() or {}
     listener = JobListener(
-        store, writer, run, settings, prompts, progress, config, on_progress, ledger=sched.ledger
-    )
+        store, writer, run, settings, prompts, progress, config, on_progress, ledger=sched.ledger,
+        prices=prices,
+    )  # fmt: skip
     executors: dict[str, Any] = workers or {executor.device_class: executor}
     engine = RealtimeEngine(
         sched, executors, scorer, listener, score_batch_size=settings.score_batch_size
@@ -515,7 +544,7 @@ def _drive(
     if on_progress is not None:
         on_progress(progress)
     engine.run()
-    report = sched.ledger.report()
+    report = sched.ledger.report(prices=prices)
     with storage_errors(settings.out):
         refresh_views(store, writer)
         writer.write_ledger(report.to_dict())
