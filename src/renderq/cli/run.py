@@ -64,6 +64,12 @@ def run(
     price: str = typer.Option(
         "", help="Price per device-hour of each device class: cpu=0.05,cuda-a100=1.9."
     ),
+    backend: str = typer.Option(
+        "local", help="Where --devices workers run: local (processes) or ray (actors)."
+    ),
+    address: str = typer.Option(
+        None, help="Ray cluster to join (auto: the running one; default: start a local one)."
+    ),
     precision: str = typer.Option("fp32", help="fp32, fp16 or bf16."),
     seed: int = typer.Option(0, help="Base seed; prompt i gets seed + i unless its line sets one."),
     clipscore_scale: bool = typer.Option(
@@ -104,7 +110,13 @@ def run(
             scale100=clipscore_scale,
             max_queue_delay_s=max_queue_delay,
         )
-        pool = parse_devices(devices) if devices else []
+        gpus = None
+        if backend == "ray":
+            from renderq.backends.ray_backend import cluster_gpus, connect
+
+            connect(address)  # --devices cuda counts the cluster's GPUs
+            gpus = cluster_gpus
+        pool = parse_devices(devices or device, cuda_count=gpus) if devices or gpus else []
         scoring = parse_devices(scorer_devices) if scorer_devices else [None]
         if len(scoring) != 1:
             raise ConfigError(f"--scorer-devices takes one device, got {scorer_devices!r}")
@@ -119,7 +131,7 @@ def run(
         with shown as bar:
             summary = run_job(
                 settings, on_progress=bar.update, warn=_warn, devices=pool,
-                scorer_device=scoring[0], prices=prices,
+                scorer_device=scoring[0], prices=prices, backend=backend, address=address,
             )  # fmt: skip
     except RenderqError as exc:
         typer.echo(f"error: {exc}", err=True)

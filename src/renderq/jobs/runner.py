@@ -28,6 +28,7 @@ from typing import Any
 from renderq.backends.clip import ClipScorer
 from renderq.backends.diffusers import DiffusersExecutor
 from renderq.backends.pool import DevicePool, LoadSpec, WorkerSpec
+from renderq.backends.ray_backend import RayPool
 from renderq.backends.registry import (
     DEFAULT_MODEL,
     DEFAULT_SCORER,
@@ -408,6 +409,8 @@ def run_job(
     devices: Sequence[WorkerSpec] = (),
     scorer_device: WorkerSpec | None = None,
     prices: Mapping[str, float] | None = None,
+    backend: str = "local",
+    address: str | None = None,
 ) -> RunSummary:
     """Run (or resume) the job described by ``settings``; returns the summary.
 
@@ -417,8 +420,11 @@ def run_job(
     which then only checks the prompts (sizes, prompt lengths). ``scorer_device``: the
     device and device class the scorer runs on (in this process; default: the run's
     device). ``prices``: each device class's price per hour; every class the run uses
-    must have one.
+    must have one. ``backend``: ``local`` (worker processes) or ``ray`` (an actor per
+    device, on the Ray cluster at ``address``; a new local one when None).
     """
+    if backend not in ("local", "ray"):
+        raise ConfigError(f"--backend must be 'local' or 'ray', got {backend!r}")
     specs = read_prompts(settings.prompts)
     policy = settings.policy()
     with storage_errors(settings.out):
@@ -449,7 +455,7 @@ def run_job(
             prices = dict(prices or {})
             if not devices:
                 return _drive(settings, policy, store, executor, scorer, on_progress, prices)
-            with _start_pool(settings, devices) as pool:
+            with _start_pool(settings, devices, backend, address) as pool:
                 return _drive(
                     settings, policy, store, executor, scorer, on_progress, prices,
                     pool.executors(),
@@ -489,15 +495,18 @@ def _check_prices(prices: Mapping[str, float] | None, classes: set[str]) -> None
         )
 
 
-def _start_pool(settings: RunSettings, devices: Sequence[WorkerSpec]) -> DevicePool:
+def _start_pool(
+    settings: RunSettings, devices: Sequence[WorkerSpec], backend: str, address: str | None
+) -> DevicePool | RayPool:
     classes = sorted({d.device_class for d in devices})
     if len(classes) > 1:
         raise ConfigError(
             f"--devices names the device classes {classes}: the render stage runs on one class"
         )
-    return DevicePool.start(
-        devices, LoadSpec(resolve(settings.model), settings.model, settings.precision)
-    )
+    load = LoadSpec(resolve(settings.model), settings.model, settings.precision)
+    if backend == "ray":
+        return RayPool.start(devices, load, address=address)
+    return DevicePool.start(devices, load)
 
 
 def _drive(
