@@ -101,10 +101,12 @@ class MeetingExecutor(FakeExecutor):
         return FakeExecutor.run(self, batch)
 
 
-def _engine(executors: list[Any], n: int) -> tuple[RealtimeEngine, RecordingListener]:
+def _engine(
+    executors: list[Any], n: int, scorer: Any = None
+) -> tuple[RealtimeEngine, RecordingListener]:
     sched = Scheduler(Window(batch_size=2), qa=QAPolicy(threshold=0.5, max_attempts=2))
     rec = RecordingListener()
-    engine = RealtimeEngine(sched, {"cpu": executors}, ScriptedScorer(), rec)
+    engine = RealtimeEngine(sched, {"cpu": executors}, scorer or ScriptedScorer(), rec)
     for r in _requests(n):
         engine.submit(r)
     return engine, rec
@@ -335,3 +337,42 @@ def test_bad_stage_classes_and_prices_are_named(
     assert not (tmp_path / "out" / "images").exists() or not any(
         (tmp_path / "out" / "images").iterdir()
     )
+
+
+# -- worker processes without a model: sleeping workers --------------------------------------
+
+
+def test_sleeping_worker_processes_take_every_batch_and_survive_a_kill() -> None:
+    from renderq.backends.null import NullScorer, SleepLoad
+
+    with DevicePool.start([WorkerSpec("cpu", "cpu", 1)] * 2, SleepLoad(0.3)) as pool:
+        assert len({w.pid for w in pool.workers}) == 2
+        engine, rec = _engine(pool.executors()["cpu"], 8, NullScorer())
+        killed: list[int] = []
+
+        def kill_first_busy() -> None:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not killed:
+                for w in pool.workers:
+                    if w.busy.wait(0.01) and w.pid is not None:
+                        os.kill(w.pid, signal.SIGKILL)
+                        killed.append(w.pid)
+                        return
+
+        killer = threading.Thread(target=kill_first_busy, daemon=True)
+        killer.start()
+        engine.run()
+        killer.join(timeout=5)
+        assert killed
+        assert sorted(ev.request.id for ev in rec.events(Accepted)) == [f"r{i}" for i in range(8)]
+        assert [st.kind for st in rec.steps].count("lost") == 1
+        assert sorted(w.starts for w in pool.workers) == [1, 2]
+        assert killed[0] not in {w.pid for w in pool.workers}
+    assert all(w.pid is None for w in pool.workers)  # closed
+
+
+def test_a_worker_that_cannot_load_is_a_config_error_naming_its_device() -> None:
+    from renderq.backends.null import SleepLoad
+
+    with pytest.raises(ConfigError, match=r"render worker on cpu cannot start: .*-1"):
+        DevicePool.start([WorkerSpec("cpu", "cpu", 1)], SleepLoad(-1.0))

@@ -25,7 +25,7 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from renderq.core.errors import ConfigError, WorkerLost
 from renderq.core.protocols import Executor
@@ -96,6 +96,14 @@ def _cuda_count() -> int:
     return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
 
 
+class Loader(Protocol):
+    """Builds a worker's executor inside the worker (a picklable value: it travels there)."""
+
+    def build(self, spec: WorkerSpec, device: str) -> Executor:
+        """The executor of the worker for ``spec``, on torch device ``device``."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class LoadSpec:
     """What each worker loads: a pipeline folder or hub id, its label and precision."""
@@ -104,19 +112,24 @@ class LoadSpec:
     name: str
     precision: str = "fp32"
 
-
-def _serve(conn: Any, spec: WorkerSpec, load: LoadSpec) -> None:
-    """A worker process's main: load the pipeline, then render batches until told to stop."""
-    try:
+    def build(self, spec: WorkerSpec, device: str) -> Executor:
+        """Load the pipeline on ``device`` with ``spec``'s CPU threads and device class."""
         from renderq.backends.diffusers import DiffusersExecutor, import_torch, quiet_libraries
 
         if spec.threads > 0:
             import_torch().set_num_threads(spec.threads)
         quiet_libraries()
         executor = DiffusersExecutor.load(
-            load.model, device=spec.device, precision=load.precision, name=load.name
+            self.model, device=device, precision=self.precision, name=self.name
         )
         executor.device_class = spec.device_class
+        return executor
+
+
+def _serve(conn: Any, spec: WorkerSpec, load: Loader) -> None:
+    """A worker process's main: load the pipeline, then render batches until told to stop."""
+    try:
+        executor = load.build(spec, spec.device)
     except Exception as exc:  # the parent reports it: a bad model is the user's to fix
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
@@ -141,7 +154,7 @@ class WorkerProcess:
     starts a new process with a freshly loaded pipeline.
     """
 
-    def __init__(self, spec: WorkerSpec, load: LoadSpec) -> None:
+    def __init__(self, spec: WorkerSpec, load: Loader) -> None:
         """A worker for ``spec`` that loads ``load``; call :meth:`start` (or just run)."""
         self.spec = spec
         self.load = load
@@ -259,7 +272,7 @@ class DevicePool:
         self.workers = list(workers)
 
     @classmethod
-    def start(cls, specs: Sequence[WorkerSpec], load: LoadSpec) -> DevicePool:
+    def start(cls, specs: Sequence[WorkerSpec], load: Loader) -> DevicePool:
         """Start a worker per spec, loading in parallel; returns once every one is ready."""
         pool = cls([WorkerProcess(s, load) for s in specs])
         try:

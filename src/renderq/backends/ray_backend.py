@@ -21,7 +21,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from renderq.backends.pool import LoadSpec, WorkerSpec
+from renderq.backends.pool import Loader, WorkerSpec
 from renderq.core.errors import ConfigError, WorkerLost
 from renderq.core.protocols import Executor
 from renderq.core.types import Batch, BatchResult
@@ -63,18 +63,10 @@ def cluster_gpus() -> int:
 class RenderActor:
     """The body of a render actor: a loaded pipeline that renders batches."""
 
-    def __init__(self, spec: WorkerSpec, load: LoadSpec) -> None:
+    def __init__(self, spec: WorkerSpec, load: Loader) -> None:
         """Load the pipeline; Ray gives a GPU actor its GPU as ``cuda:0``."""
-        from renderq.backends.diffusers import DiffusersExecutor, import_torch, quiet_libraries
-
-        if spec.threads > 0:
-            import_torch().set_num_threads(spec.threads)
-        quiet_libraries()
         device = "cuda:0" if spec.device.startswith("cuda") else "cpu"
-        self.executor = DiffusersExecutor.load(
-            load.model, device=device, precision=load.precision, name=load.name
-        )
-        self.executor.device_class = spec.device_class
+        self.executor = load.build(spec, device)
 
     def pid(self) -> int:
         """The actor's process id (it answers once the pipeline is loaded)."""
@@ -88,7 +80,7 @@ class RenderActor:
 class RayWorker:
     """The executor of one render actor, used by one engine worker thread at a time."""
 
-    def __init__(self, spec: WorkerSpec, load: LoadSpec) -> None:
+    def __init__(self, spec: WorkerSpec, load: Loader) -> None:
         """A worker for ``spec``; the actor is created by :meth:`start` (or the first run)."""
         self.spec = spec
         self.load = load
@@ -149,7 +141,7 @@ class RayPool:
 
     @classmethod
     def start(
-        cls, specs: Sequence[WorkerSpec], load: LoadSpec, *, address: str | None = None
+        cls, specs: Sequence[WorkerSpec], load: Loader, *, address: str | None = None
     ) -> RayPool:
         """Connect to Ray, start an actor per spec and wait until every one has loaded."""
         owns = connect(address)
