@@ -10,7 +10,10 @@ Two measurements and one piece of arithmetic, printed side by side:
 2. **Commits**: the SQLite job store commits steps of BATCH accepted images (attempts,
    outcomes, a ledger row: what the job listener commits per score batch), CPU and wall
    per image, against the accepted images per second the fleet produces.
-3. **Arithmetic** (not measured): the score stage's capacity (the engine has one scorer
+3. **Image writes**: the dataset writer encodes each accepted image as PNG in the driver;
+   CPU per image of the profile's size, on a synthetic image (smooth colour ramps with
+   a little noise, which compress like a picture; a real image's time differs).
+4. **Arithmetic** (not measured): the score stage's capacity (the engine has one scorer
    worker) from the profile's score curve, and the bytes per second of raw images that
    would reach the driver if every image came back to it.
 
@@ -92,6 +95,27 @@ def commits(batch: int, steps: int) -> tuple[float, float]:
     return cpu / n, wall / n
 
 
+def png_cpu_s(width: int, height: int, repeats: int = 5) -> tuple[float, float]:
+    """Least CPU seconds of ``repeats`` PNG encodings of a synthetic image, and its MB."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    y, x = np.mgrid[0:height, 0:width]
+    ramps = np.stack([(x / 4) % 256, (y / 4) % 256, ((x + y) / 8) % 256], -1).astype(int)
+    pixels = np.clip(ramps + rng.integers(-3, 4, ramps.shape), 0, 255).astype(np.uint8)
+    image, best, size = Image.fromarray(pixels), float("inf"), 0
+    for _ in range(repeats):
+        buf = io.BytesIO()
+        start = time.process_time()
+        image.save(buf, format="PNG")
+        best = min(best, time.process_time() - start)
+        size = len(buf.getvalue())
+    return best, size / 1e6
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="article-sdxl-a100")
@@ -133,6 +157,11 @@ def main() -> None:
         f"store commits (steps of {cap} accepted): {1e6 * cpu_img:.1f} us CPU, "
         f"{1e6 * wall_img:.1f} us wall per image -> {100 * wall_img * need_images:.1f}% "
         f"of the driver's time at {need_images:.0f} images/s"
+    )
+    png_s, png_mb = png_cpu_s(prof.width, prof.height)
+    print(
+        f"PNG writes in the driver: {1000 * png_s:.0f} ms CPU per image ({png_mb:.2f} MB) "
+        f"-> {png_s * need_images:.0f} cores busy at {need_images:.0f} images/s"
     )
     raw = prof.width * prof.height * 3
     print(
