@@ -200,6 +200,9 @@ class WorkerProcess:
     def run(self, batch: Batch) -> BatchResult:
         """Render ``batch`` in the worker process; WorkerLost if the process exits first."""
         if self._proc is None or not self._proc.is_alive():
+            if self._proc is not None:  # it exited between batches: nothing was lost
+                self._proc.join(timeout=10)
+                self._drop()
             self.start()
             try:
                 self.wait_ready()
