@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+from pathlib import Path
 
 from renderq.backends.null import NullScorer
 from renderq.backends.pool import DevicePool, LoadSpec, WorkerSpec
@@ -28,7 +29,7 @@ from renderq.jobs.prompts import read_prompts
 from renderq.runtime.realtime import RealtimeEngine
 from renderq.testing.fakes import RecordingListener
 
-EXAMPLES = "src/renderq/examples/shapes-200.txt"
+EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "renderq" / "examples" / "shapes-200.txt"
 
 
 def one_run(pool: DevicePool, requests: list[Request], batch: int) -> tuple[float, float]:
