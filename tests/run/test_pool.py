@@ -20,13 +20,13 @@ from typer.testing import CliRunner
 
 from renderq.backends.pool import DevicePool, WorkerSpec, parse_devices
 from renderq.backends.registry import DEFAULT_MODEL, DEFAULT_SCORER, resolve
-from renderq.core.errors import ConfigError
+from renderq.core.errors import ConfigError, WorkerLost
 from renderq.core.events import Accepted
 from renderq.core.policies import Window
 from renderq.core.qa import QAPolicy
 from renderq.core.scheduler import Scheduler
 from renderq.core.types import Batch, BatchResult, RequestState, Stage
-from renderq.runtime.realtime import RealtimeEngine
+from renderq.runtime.realtime import MAX_LOSSES, RealtimeEngine
 from renderq.testing.fakes import FakeExecutor, RecordingListener, ScriptedScorer
 
 from .test_realtime import _requests
@@ -152,6 +152,52 @@ def test_a_dead_worker_of_a_pool_comes_back_with_its_own_executor() -> None:
     assert all(s is RequestState.ACCEPTED for s in engine.scheduler.states().values())
     assert dying.died == 1 and dying.batches  # its thread was started again, on it
     assert [st.kind for st in rec.steps].count("lost") == 1
+
+
+@dataclass
+class AlwaysLost(FakeExecutor):
+    """Loses every batch (its backend gone, or its thread ending); says when it gave up."""
+
+    how: str = "backend"
+    calls: int = 0
+    retired: threading.Event = field(default_factory=threading.Event)
+
+    def run(self, batch: Batch) -> BatchResult:
+        self.calls += 1
+        if self.calls > MAX_LOSSES:
+            self.retired.set()
+        if self.how == "thread":
+            raise ThreadDeath("worker thread ended")
+        raise WorkerLost("render process exited")
+
+
+@dataclass
+class WaitsFor(FakeExecutor):
+    """Holds its first batch until ``event`` is set (bounded), then renders normally."""
+
+    event: threading.Event = field(default_factory=threading.Event)
+    waited: list[bool] = field(default_factory=list)
+
+    def run(self, batch: Batch) -> BatchResult:
+        if not self.waited:
+            self.waited.append(self.event.wait(timeout=30))
+        return FakeExecutor.run(self, batch)
+
+
+@pytest.mark.parametrize("how", ["backend", "thread"])
+def test_a_worker_that_always_loses_is_retired_and_the_class_goes_on(how: str) -> None:
+    broken = AlwaysLost(how=how)
+    # The steady worker holds its first batch until the broken one has given up, so the
+    # broken one is the only worker taking batches meanwhile.
+    steady = WaitsFor(event=broken.retired)
+    engine, rec = _engine([steady, broken], 8)
+    engine.run()
+    assert steady.waited == [True]
+    assert broken.calls == MAX_LOSSES + 1  # retired after that many in a row, not restarted
+    assert [st.kind for st in rec.steps].count("lost") == MAX_LOSSES + 1
+    accepted = sorted(ev.request.id for ev in rec.events(Accepted))
+    assert accepted == sorted(f"r{i}" for i in range(8))  # each once, on the steady worker
+    assert sum(b.size for b in steady.batches) == 8
 
 
 def test_a_class_without_executors_is_refused() -> None:

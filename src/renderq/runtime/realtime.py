@@ -81,7 +81,8 @@ class Listener(Protocol):
 _RENDERED, _SCORED, _SCORE_FAILED, _CALL = "rendered", "scored", "score_failed", "call"
 _LOST = "lost"
 MAX_LOSSES = 3
-"""Batches in a row a device class may lose (its worker dying each time) before the run stops."""
+"""Batches in a row a render worker may lose (dying each time) before it is retired; the run
+stops when a device class has no worker left."""
 
 
 class RealtimeEngine:
@@ -133,7 +134,6 @@ class RealtimeEngine:
         )
         self._score_sent = 0.0
         self._sent: dict[int, float] = {}  # render batch id -> when its worker got it
-        self._losses = dict.fromkeys(self.executors, 0)  # batches lost in a row per class
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
 
@@ -251,7 +251,6 @@ class RealtimeEngine:
         elif kind == _RENDERED:
             batch, result = payload
             self._free[batch.key.device_class] += 1
-            self._losses[batch.key.device_class] = 0
             self._on_rendered(batch, result)
         elif kind == _LOST:
             self._on_lost(*payload)
@@ -275,13 +274,17 @@ class RealtimeEngine:
         held = self.now() - self._sent.pop(batch.id, self.now())
         self.listener.step(Step("render", events, rows, batch=batch, render=result, held_s=held))
 
-    def _on_lost(self, batch: Batch, seconds: float, error: str, died: int | None) -> None:
+    def _on_lost(
+        self, batch: Batch, seconds: float, error: str, worker: tuple[int, int], died: bool
+    ) -> None:
         """A render worker died with ``batch`` (or its executor lost its backend).
 
-        The batch goes back to the queue through the scheduler, its device time is booked
-        as lost, and a dead worker thread (``died``: its index in the class) is started
-        again, up to ``MAX_LOSSES`` batches in a row on one device class; past that the
-        run stops (resumable) rather than losing batch after batch.
+        The batch goes back to the queue through the scheduler and its device time is
+        booked as lost. ``worker``: the worker's index in its class and the batches it has
+        lost in a row. A dead worker thread is started again; a worker that lost more than
+        ``MAX_LOSSES`` in a row is retired (its thread has ended) while its class has other
+        workers, and the run stops (resumable) when the class has none left, rather than
+        losing batch after batch.
         """
         dc = batch.key.device_class
         before = _snapshot(self.scheduler.ledger)
@@ -289,14 +292,17 @@ class RealtimeEngine:
         rows = _delta(before, self.scheduler.ledger)
         self._sent.pop(batch.id, None)
         self.listener.step(Step("lost", (), rows, batch=batch))
-        self._losses[dc] += 1
-        if self._losses[dc] > MAX_LOSSES:
-            raise WorkerLost(
-                f"the render workers of {dc!r} lost {self._losses[dc]} batches in a row "
-                f"(last: {error}); the queued work is kept: run again to resume"
-            )
-        if died is not None:
-            self._start_worker(self._render_worker, (dc, died), f"render-{dc}-{died}")
+        index, streak = worker
+        if streak > MAX_LOSSES:
+            self._workers[dc] -= 1
+            if self._workers[dc] == 0:
+                raise WorkerLost(
+                    f"the render worker of {dc!r} lost {streak} batches in a row (last: "
+                    f"{error}); the queued work is kept: run again to resume"
+                )
+            return  # retired: the class goes on with one worker fewer
+        if died:
+            self._start_worker(self._render_worker, (dc, index, streak), f"render-{dc}-{index}")
         self._free[dc] += 1
 
     def _on_scored(self, job: ScoreJob, result: ScoreResult) -> None:
@@ -319,7 +325,9 @@ class RealtimeEngine:
 
     # -- workers ------------------------------------------------------------------------
 
-    def _render_worker(self, device_class: str, index: int) -> None:
+    def _render_worker(self, device_class: str, index: int, streak: int = 0) -> None:
+        """Render the class's batches on executor ``index``; ``streak``: batches it has lost
+        in a row so far (a restarted thread carries its predecessor's)."""
         executor = self.executors[device_class][index]
         inbox = self._render_q[device_class]
         while (batch := inbox.get()) is not None:
@@ -327,8 +335,11 @@ class RealtimeEngine:
             try:
                 result = executor.run(batch)
             except WorkerLost as exc:  # the executor's backend died; the executor lives on
-                gone = (batch, time.perf_counter() - start, str(exc), None)
+                streak += 1
+                gone = (batch, time.perf_counter() - start, str(exc), (index, streak), False)
                 self._inbox.put((_LOST, gone))
+                if streak > MAX_LOSSES:
+                    return  # retired (see _on_lost)
                 continue
             except Exception as exc:  # an executor must not raise; if it does, fail the items
                 error = f"executor failed: {type(exc).__name__}: {exc}"
@@ -336,9 +347,10 @@ class RealtimeEngine:
                 result = BatchResult(batch.id, items, time.perf_counter() - start, device_class)
             except BaseException as exc:  # this thread is dying: the batch must not die with it
                 error = f"{type(exc).__name__}: {exc}"
-                lost = (batch, time.perf_counter() - start, error, index)
+                lost = (batch, time.perf_counter() - start, error, (index, streak + 1), True)
                 self._inbox.put((_LOST, lost))
                 return
+            streak = 0
             self._inbox.put((_RENDERED, (batch, result)))
 
     def _score_worker(self) -> None:
