@@ -2,7 +2,8 @@
 
 A job on two actors accepts what one in-process worker accepts; an actor killed while it
 holds a batch loses nothing and repeats nothing; a render actor and the scorer on their
-own device classes book to their classes.
+own device classes (the scorer an actor too) book to their classes, and a scorer actor
+that dies is replaced.
 """
 
 from __future__ import annotations
@@ -106,17 +107,35 @@ def test_an_actor_killed_holding_a_batch_loses_nothing_and_repeats_nothing(
     assert json.loads((out / "ledger.json").read_text())["device_seconds"]["lost"] > 0
 
 
-def test_render_actor_and_scorer_book_to_their_classes(
-    local_ray: None, reference: tuple[Path, dict[str, Any], Path]
+def test_render_and_scorer_actors_book_to_their_classes_and_a_dead_scorer_is_replaced(
+    local_ray: None,
+    reference: tuple[Path, dict[str, Any], Path],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    tmp, ref, _ = reference
-    summary, _ = _run(
+    from renderq.jobs import runner
+
+    tmp, ref, ref_out = reference
+    pools: list[RayPool] = []
+    start_pool = runner._start_pool
+
+    def start_then_kill_the_scorer(*args: Any) -> Any:
+        pool = start_pool(*args)
+        assert isinstance(pool, RayPool) and pool.scorer is not None
+        ray.kill(pool.scorer.actor)  # before its first batch: that batch must be retried
+        pools.append(pool)
+        return pool
+
+    monkeypatch.setattr(runner, "_start_pool", start_then_kill_the_scorer)
+    summary, out = _run(
         tmp, "classes", "--backend", "ray", "--devices", "cpu:1=ray-cpu",
         "--scorer-devices", "cpu=score-cpu", "--price", "ray-cpu=0.05,score-cpu=0.02",
         steps=STEPS,
     )  # fmt: skip
+    [pool] = pools
+    assert pool.scorer is not None and pool.scorer.starts == 2  # replaced after the kill
     by = summary["by_device_class"]
     assert summary["accepted"] == ref["accepted"]
+    _same_images(_accepted(out), _accepted(ref_out))
     assert set(by["ray-cpu"]["device_seconds"]) <= {"render", "regen"}
     assert set(by["score-cpu"]["device_seconds"]) <= {"score", "rescore"}
     assert by["ray-cpu"]["cost"] == pytest.approx(by["ray-cpu"]["gpu_hours"] * 0.05)
@@ -128,5 +147,5 @@ def test_an_actor_that_cannot_load_its_model_is_a_config_error(
     from renderq.backends.pool import LoadSpec, WorkerSpec
 
     (tmp_path / "model_index.json").write_text("{}")
-    with pytest.raises(ConfigError, match="a render actor cannot start"):
+    with pytest.raises(ConfigError, match="a render or scorer actor cannot start"):
         RayPool.start([WorkerSpec("cpu", "cpu", 1)], LoadSpec(str(tmp_path), "broken"))

@@ -10,6 +10,10 @@ An actor that dies holding a batch (``ray.kill``, a crashed process, a lost node
 its executor raise :class:`WorkerLost`, so the engine returns the batch to the queue
 through the scheduler's ``on_lost``; a new actor is created for the next batch.
 
+With ``--scorer-devices`` the scorer is an actor too (:class:`RayScorer`), so the driver
+needs no accelerator: a score batch whose actor dies fails like any score batch (the
+engine's score stage tries it again) and a new actor is created for the next one.
+
 The model id is resolved on the driver: on a cluster of several machines it must name a
 hub id or a folder that every node sees at the same path.
 """
@@ -19,12 +23,13 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from renderq.backends.pool import Loader, WorkerSpec
 from renderq.core.errors import ConfigError, WorkerLost
-from renderq.core.protocols import Executor
-from renderq.core.types import Batch, BatchResult
+from renderq.core.protocols import Executor, Scorer
+from renderq.core.types import Batch, BatchResult, ScoreResult
 
 _INSTALL = "the Ray backend needs ray: pip install 'renderq[ray]'"
 
@@ -92,14 +97,7 @@ class RayWorker:
 
     def start(self) -> Any:
         """Create the actor (it loads the pipeline in the background); returns a ready ref."""
-        ray = import_ray()
-        gpu = self.spec.device.startswith("cuda")
-        cls = ray.remote(RenderActor).options(
-            num_cpus=0 if gpu else max(1, self.spec.threads),
-            num_gpus=1 if gpu else 0,
-            max_restarts=0,  # a dead actor is replaced by this worker, its batch requeued
-        )
-        self.actor = cls.remote(self.spec, self.load)
+        self.actor = _actor_class(RenderActor, self.spec).remote(self.spec, self.load)
         self.starts += 1
         return self.actor.pid.remote()
 
@@ -129,29 +127,133 @@ class RayWorker:
             self.actor = None
 
 
+@dataclass(frozen=True, slots=True)
+class ScorerLoad:
+    """What a scorer actor loads: a CLIP folder or hub id, its label and score scale."""
+
+    model: str
+    name: str
+    scale100: bool = False
+
+    def build(self, spec: WorkerSpec, device: str) -> Scorer:
+        """Load the scorer on ``device`` with ``spec``'s CPU threads and device class."""
+        from renderq.backends.clip import ClipScorer
+        from renderq.backends.diffusers import import_torch, quiet_libraries
+
+        if spec.threads > 0:
+            import_torch().set_num_threads(spec.threads)
+        quiet_libraries()
+        scorer = ClipScorer.load(self.model, device=device, scale100=self.scale100, name=self.name)
+        scorer.device_class = spec.device_class
+        return scorer
+
+
+class ScoreActor:
+    """The body of a scorer actor: a loaded CLIP scorer."""
+
+    def __init__(self, spec: WorkerSpec, load: ScorerLoad) -> None:
+        """Load the scorer; Ray gives a GPU actor its GPU as ``cuda:0``."""
+        device = "cuda:0" if spec.device.startswith("cuda") else "cpu"
+        self.scorer = load.build(spec, device)
+
+    def pid(self) -> int:
+        """The actor's process id (it answers once the scorer is loaded)."""
+        return os.getpid()
+
+    def score(self, images: Sequence[Any], prompts: Sequence[str]) -> ScoreResult:
+        """Score one batch."""
+        return self.scorer.score(images, prompts)
+
+
+class RayScorer:
+    """The engine's scorer, run by a scorer actor (the engine calls it from one thread)."""
+
+    def __init__(self, spec: WorkerSpec, load: ScorerLoad) -> None:
+        """A scorer for ``spec``; the actor is created by :meth:`start` (or the first call)."""
+        self.spec = spec
+        self.load = load
+        self.device_class = spec.device_class
+        self.actor: Any = None
+        self.starts = 0
+
+    def start(self) -> Any:
+        """Create the actor; returns a ref that is ready once the scorer has loaded."""
+        self.actor = _actor_class(ScoreActor, self.spec).remote(self.spec, self.load)
+        self.starts += 1
+        return self.actor.pid.remote()
+
+    def score(self, images: Sequence[Any], prompts: Sequence[str]) -> ScoreResult:
+        """Score on the actor; an actor that died raises (the score stage tries again)."""
+        ray = import_ray()
+        try:
+            if self.actor is None:
+                ray.get(self.start())
+            result: ScoreResult = ray.get(self.actor.score.remote(list(images), list(prompts)))
+            return result
+        except ray.exceptions.RayActorError as exc:
+            self.actor = None
+            raise RuntimeError(f"scorer actor on {self.spec.device} died: {exc}") from None
+
+    def close(self) -> None:
+        """End the actor."""
+        if self.actor is not None:
+            import_ray().kill(self.actor)
+            self.actor = None
+
+
+def _actor_class(body: type, spec: WorkerSpec) -> Any:
+    """``body`` as a Ray actor class with ``spec``'s resources: a GPU, or its CPU threads."""
+    gpu = spec.device.startswith("cuda")
+    return (
+        import_ray()
+        .remote(body)
+        .options(
+            num_cpus=0 if gpu else max(1, spec.threads),
+            num_gpus=1 if gpu else 0,
+            max_restarts=0,  # a dead actor is replaced by its owner, its work requeued
+        )
+    )
+
+
 class RayPool:
     """Render actors, one per device, grouped by device class."""
 
-    def __init__(self, workers: Sequence[RayWorker], *, owns_connection: bool = False) -> None:
-        """A pool of workers; ``owns_connection``: disconnect from Ray on :meth:`close`."""
+    def __init__(
+        self,
+        workers: Sequence[RayWorker],
+        *,
+        scorer: RayScorer | None = None,
+        owns_connection: bool = False,
+    ) -> None:
+        """A pool of workers (and a scorer actor); ``owns_connection``: disconnect from
+        Ray on :meth:`close`."""
         if not workers:
             raise ConfigError("a device pool needs at least one device")
         self.workers = list(workers)
+        self.scorer = scorer
         self._owns = owns_connection
 
     @classmethod
     def start(
-        cls, specs: Sequence[WorkerSpec], load: Loader, *, address: str | None = None
+        cls,
+        specs: Sequence[WorkerSpec],
+        load: Loader,
+        *,
+        address: str | None = None,
+        scorer: tuple[WorkerSpec, ScorerLoad] | None = None,
     ) -> RayPool:
-        """Connect to Ray, start an actor per spec and wait until every one has loaded."""
+        """Connect to Ray, start an actor per spec (and a scorer actor) and wait until every
+        one has loaded."""
         owns = connect(address)
-        pool = cls([RayWorker(s, load) for s in specs], owns_connection=owns)
+        score = None if scorer is None else RayScorer(*scorer)
+        pool = cls([RayWorker(s, load) for s in specs], scorer=score, owns_connection=owns)
         ray = import_ray()
         try:
-            ray.get([w.start() for w in pool.workers])
+            ready = [w.start() for w in pool.workers]
+            ray.get(ready + ([] if score is None else [score.start()]))
         except ray.exceptions.RayActorError as exc:
             pool.close()
-            raise ConfigError(f"a render actor cannot start: {exc}") from None
+            raise ConfigError(f"a render or scorer actor cannot start: {exc}") from None
         except BaseException:
             pool.close()
             raise
@@ -168,6 +270,8 @@ class RayPool:
         """End every actor (and the Ray connection this pool made)."""
         for w in self.workers:
             w.close()
+        if self.scorer is not None:
+            self.scorer.close()
         if self._owns:
             import_ray().shutdown()
 

@@ -28,7 +28,7 @@ from typing import Any
 from renderq.backends.clip import ClipScorer
 from renderq.backends.diffusers import DiffusersExecutor
 from renderq.backends.pool import DevicePool, LoadSpec, WorkerSpec
-from renderq.backends.ray_backend import RayPool
+from renderq.backends.ray_backend import RayPool, ScorerLoad
 from renderq.backends.registry import (
     DEFAULT_MODEL,
     DEFAULT_SCORER,
@@ -418,10 +418,11 @@ def run_job(
     encoder will truncate). ``devices``: render on a pool of worker processes, one per
     device (:mod:`renderq.backends.pool`), instead of on ``executor`` in this process,
     which then only checks the prompts (sizes, prompt lengths). ``scorer_device``: the
-    device and device class the scorer runs on (in this process; default: the run's
-    device). ``prices``: each device class's price per hour; every class the run uses
-    must have one. ``backend``: ``local`` (worker processes) or ``ray`` (an actor per
-    device, on the Ray cluster at ``address``; a new local one when None).
+    device and device class the scorer runs on (in this process, or an actor with the
+    ``ray`` backend; default: the run's device, in this process). ``prices``: each device
+    class's price per hour; every class the run uses must have one. ``backend``: ``local``
+    (worker processes) or ``ray`` (an actor per device, on the Ray cluster at ``address``;
+    a new local one when None).
     """
     if backend not in ("local", "ray"):
         raise ConfigError(f"--backend must be 'local' or 'ray', got {backend!r}")
@@ -446,16 +447,27 @@ def run_job(
             if warn is not None:
                 for notice in input_notices(settings, specs, rows):
                     warn(notice)
-            scorer = scorer or _load_scorer(settings, scorer_device)
+            # With Ray, a scorer on a device of its own is an actor, started with the pool.
+            remote = None
+            if scorer is None and scorer_device is not None and backend == "ray":
+                if not devices:
+                    raise ConfigError("--backend ray needs --devices for its render actors")
+                remote = (scorer_device, _scorer_load(settings))
+            else:
+                scorer = scorer or _load_scorer(settings, scorer_device)
+            score_class = remote[0].device_class if remote else getattr(scorer, "device_class", "")
             render_classes = {d.device_class for d in devices} or {executor.device_class}
-            _check_prices(prices, render_classes | {scorer.device_class})
+            _check_prices(prices, render_classes | {score_class})
             if stored is None:
                 with storage_errors(settings.out):
                     store.create_job(wanted, rows)
             prices = dict(prices or {})
             if not devices:
+                assert scorer is not None  # loaded above unless remote, which needs devices
                 return _drive(settings, policy, store, executor, scorer, on_progress, prices)
-            with _start_pool(settings, devices, backend, address) as pool:
+            with _start_pool(settings, devices, backend, address, remote) as pool:
+                scorer = scorer or getattr(pool, "scorer", None)
+                assert scorer is not None  # the pool started the scorer actor
                 return _drive(
                     settings, policy, store, executor, scorer, on_progress, prices,
                     pool.executors(),
@@ -495,8 +507,16 @@ def _check_prices(prices: Mapping[str, float] | None, classes: set[str]) -> None
         )
 
 
+def _scorer_load(settings: RunSettings) -> ScorerLoad:
+    return ScorerLoad(resolve(settings.scorer), settings.scorer, settings.scale100)
+
+
 def _start_pool(
-    settings: RunSettings, devices: Sequence[WorkerSpec], backend: str, address: str | None
+    settings: RunSettings,
+    devices: Sequence[WorkerSpec],
+    backend: str,
+    address: str | None,
+    scoring: tuple[WorkerSpec, ScorerLoad] | None = None,
 ) -> DevicePool | RayPool:
     classes = sorted({d.device_class for d in devices})
     if len(classes) > 1:
@@ -505,7 +525,7 @@ def _start_pool(
         )
     load = LoadSpec(resolve(settings.model), settings.model, settings.precision)
     if backend == "ray":
-        return RayPool.start(devices, load, address=address)
+        return RayPool.start(devices, load, address=address, scorer=scoring)
     return DevicePool.start(devices, load)
 
 
