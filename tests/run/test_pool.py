@@ -294,13 +294,13 @@ def test_a_worker_process_killed_mid_batch_loses_nothing_and_repeats_nothing(
     tmp = one_worker[0]
     _, ref_out = _run(tmp, "ref12", steps=12)
     pools: list[DevicePool] = []
-    start_pool = runner._start_pool
+    start_pool = runner.start_pool
 
-    def capture(*args: Any) -> DevicePool:
-        pools.append(start_pool(*args))
+    def capture(*args: Any, **kwargs: Any) -> DevicePool:
+        pools.append(start_pool(*args, **kwargs))
         return pools[-1]
 
-    monkeypatch.setattr(runner, "_start_pool", capture)
+    monkeypatch.setattr(runner, "start_pool", capture)
     killed: list[int] = []
 
     def kill_one_while_it_renders() -> None:

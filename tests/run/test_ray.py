@@ -73,13 +73,13 @@ def test_an_actor_killed_holding_a_batch_loses_nothing_and_repeats_nothing(
 
     tmp, ref, ref_out = reference
     pools: list[Any] = []
-    start_pool = runner._start_pool
+    start_pool = runner.start_pool
 
-    def capture(*args: Any) -> Any:
-        pools.append(start_pool(*args))
+    def capture(*args: Any, **kwargs: Any) -> Any:
+        pools.append(start_pool(*args, **kwargs))
         return pools[-1]
 
-    monkeypatch.setattr(runner, "_start_pool", capture)
+    monkeypatch.setattr(runner, "start_pool", capture)
     killed: list[str] = []
 
     def kill_one_while_it_holds_a_batch() -> None:
@@ -116,16 +116,16 @@ def test_render_and_scorer_actors_book_to_their_classes_and_a_dead_scorer_is_rep
 
     tmp, ref, ref_out = reference
     pools: list[RayPool] = []
-    start_pool = runner._start_pool
+    start_pool = runner.start_pool
 
-    def start_then_kill_the_scorer(*args: Any) -> Any:
-        pool = start_pool(*args)
+    def start_then_kill_the_scorer(*args: Any, **kwargs: Any) -> Any:
+        pool = start_pool(*args, **kwargs)
         assert isinstance(pool, RayPool) and pool.scorer is not None
         ray.kill(pool.scorer.actor)  # before its first batch: that batch must be retried
         pools.append(pool)
         return pool
 
-    monkeypatch.setattr(runner, "_start_pool", start_then_kill_the_scorer)
+    monkeypatch.setattr(runner, "start_pool", start_then_kill_the_scorer)
     summary, out = _run(
         tmp, "classes", "--backend", "ray", "--devices", "cpu:1=ray-cpu",
         "--scorer-devices", "cpu=score-cpu", "--price", "ray-cpu=0.05,score-cpu=0.02",

@@ -25,10 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from renderq.backends.clip import ClipScorer
 from renderq.backends.diffusers import DiffusersExecutor
-from renderq.backends.pool import DevicePool, LoadSpec, WorkerSpec
-from renderq.backends.ray_backend import RayPool, ScorerLoad
+from renderq.backends.pool import WorkerSpec
 from renderq.backends.registry import (
     DEFAULT_MODEL,
     DEFAULT_SCORER,
@@ -55,6 +53,13 @@ from renderq.core.settings import (
 from renderq.core.types import Batch, Request, Stage
 from renderq.jobs.prompts import PromptSpec, file_digest, generated_id, read_prompts
 from renderq.jobs.summary import Progress, RunSummary, summarise
+from renderq.jobs.workers import (
+    check_backend,
+    check_prices,
+    load_scorer,
+    scorer_load,
+    start_pool,
+)
 from renderq.output.dataset import METADATA, REVIEW, DatasetWriter
 from renderq.runtime.realtime import LedgerRow, RealtimeEngine, Step
 from renderq.store.lock import FolderLock
@@ -424,8 +429,7 @@ def run_job(
     (worker processes) or ``ray`` (an actor per device, on the Ray cluster at ``address``;
     a new local one when None).
     """
-    if backend not in ("local", "ray"):
-        raise ConfigError(f"--backend must be 'local' or 'ray', got {backend!r}")
+    check_backend(backend)
     specs = read_prompts(settings.prompts)
     policy = settings.policy()
     with storage_errors(settings.out):
@@ -452,12 +456,14 @@ def run_job(
             if scorer is None and scorer_device is not None and backend == "ray":
                 if not devices:
                     raise ConfigError("--backend ray needs --devices for its render actors")
-                remote = (scorer_device, _scorer_load(settings))
+                remote = (scorer_device, scorer_load(settings.scorer, settings.scale100))
             else:
-                scorer = scorer or _load_scorer(settings, scorer_device)
+                scorer = scorer or load_scorer(
+                    settings.scorer, settings.device, settings.scale100, scorer_device
+                )
             score_class = remote[0].device_class if remote else getattr(scorer, "device_class", "")
             render_classes = {d.device_class for d in devices} or {executor.device_class}
-            _check_prices(prices, render_classes | {score_class})
+            check_prices(prices, render_classes | {score_class})
             if stored is None:
                 with storage_errors(settings.out):
                     store.create_job(wanted, rows)
@@ -465,7 +471,10 @@ def run_job(
             if not devices:
                 assert scorer is not None  # loaded above unless remote, which needs devices
                 return _drive(settings, policy, store, executor, scorer, on_progress, prices)
-            with _start_pool(settings, devices, backend, address, remote) as pool:
+            with start_pool(
+                settings.model, settings.precision, devices, backend=backend, address=address,
+                scoring=remote,
+            ) as pool:  # fmt: skip
                 scorer = scorer or getattr(pool, "scorer", None)
                 assert scorer is not None  # the pool started the scorer actor
                 return _drive(
@@ -485,48 +494,6 @@ def _load_executor(settings: RunSettings) -> DiffusersExecutor:
         precision=settings.precision,
         name=settings.model,
     )
-
-
-def _load_scorer(settings: RunSettings, where: WorkerSpec | None) -> ClipScorer:
-    scorer = ClipScorer.load(
-        resolve(settings.scorer),
-        device=settings.device if where is None else where.device,
-        scale100=settings.scale100,
-        name=settings.scorer,
-    )
-    if where is not None:
-        scorer.device_class = where.device_class
-    return scorer
-
-
-def _check_prices(prices: Mapping[str, float] | None, classes: set[str]) -> None:
-    missing = sorted(classes - set(prices or {}))
-    if prices and missing:
-        raise ConfigError(
-            f"--price has no price for device class {missing[0]!r}; this run uses {sorted(classes)}"
-        )
-
-
-def _scorer_load(settings: RunSettings) -> ScorerLoad:
-    return ScorerLoad(resolve(settings.scorer), settings.scorer, settings.scale100)
-
-
-def _start_pool(
-    settings: RunSettings,
-    devices: Sequence[WorkerSpec],
-    backend: str,
-    address: str | None,
-    scoring: tuple[WorkerSpec, ScorerLoad] | None = None,
-) -> DevicePool | RayPool:
-    classes = sorted({d.device_class for d in devices})
-    if len(classes) > 1:
-        raise ConfigError(
-            f"--devices names the device classes {classes}: the render stage runs on one class"
-        )
-    load = LoadSpec(resolve(settings.model), settings.model, settings.precision)
-    if backend == "ray":
-        return RayPool.start(devices, load, address=address, scorer=scoring)
-    return DevicePool.start(devices, load)
 
 
 def _drive(
