@@ -10,7 +10,7 @@ import typer
 
 from renderq.backends.calibrate import CALIBRATION_FILE, lookup, scale_name
 from renderq.cli.progress import ProgressLines, progress_for
-from renderq.core.errors import RenderqError
+from renderq.core.errors import ConfigError, RenderqError
 from renderq.core.settings import Batching, ModelSpec, QASettings
 from renderq.jobs.summary import RunSummary
 
@@ -47,6 +47,23 @@ def run(
         None, help="Guidance scale (default: the pipeline's own, else 7.5)."
     ),
     device: str = typer.Option(_SPEC.device, help="cpu or cuda[:N]."),
+    devices: str = typer.Option(
+        "",
+        help="Render on a pool, one worker process per device: cuda:0,cuda:1 or cuda (every "
+        "GPU), cpu:1,cpu:1 (two one-thread CPU workers); =CLASS names a device's class.",
+    ),
+    scorer_devices: str = typer.Option(
+        "", help="Score on this device (one), e.g. cuda:1=cuda-l4 (default: --device)."
+    ),
+    price: str = typer.Option(
+        "", help="Price per device-hour of each device class: cpu=0.05,cuda-a100=1.9."
+    ),
+    backend: str = typer.Option(
+        "local", help="Where --devices workers run: local (processes) or ray (actors)."
+    ),
+    address: str = typer.Option(
+        None, help="Ray cluster to join (auto: the running one; default: start a local one)."
+    ),
     precision: str = typer.Option(_SPEC.precision, help="fp32, fp16 or bf16."),
     seed: int = typer.Option(0, help="Base seed; prompt i gets seed + i unless its line sets one."),
     clipscore_scale: bool = typer.Option(
@@ -64,6 +81,8 @@ def run(
 ) -> None:
     """Render every prompt, gate it with CLIP, regenerate failures, write a dataset."""
     from renderq.backends.diffusers import free_cores, quiet_libraries
+    from renderq.backends.pool import parse_devices
+    from renderq.core.ledger import parse_prices
     from renderq.jobs.runner import RunSettings, run_job
 
     try:
@@ -76,6 +95,17 @@ def run(
             seed=seed,
             scale100=clipscore_scale,
         )
+        gpus = None
+        if backend == "ray":
+            from renderq.backends.ray_backend import cluster_gpus, connect
+
+            connect(address)  # --devices cuda counts the cluster's GPUs
+            gpus = cluster_gpus
+        pool = parse_devices(devices or device, cuda_count=gpus) if devices or gpus else []
+        scoring = parse_devices(scorer_devices) if scorer_devices else [None]
+        if len(scoring) != 1:
+            raise ConfigError(f"--scorer-devices takes one device, got {scorer_devices!r}")
+        prices = parse_prices(price) if price else {}
         quiet_libraries()
         if threads > 0 or device == "cpu":
             import torch
@@ -84,7 +114,10 @@ def run(
         terminal = sys.stderr.isatty()
         shown = progress_for(terminal) if not (terminal and as_json) else ProgressLines(1e18)
         with shown as bar:
-            summary = run_job(settings, on_progress=bar.update, warn=_warn)
+            summary = run_job(
+                settings, on_progress=bar.update, warn=_warn, devices=pool,
+                scorer_device=scoring[0], prices=prices, backend=backend, address=address,
+            )  # fmt: skip
     except RenderqError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -126,6 +159,15 @@ def print_summary(summary: RunSummary) -> None:
         f"{'-' if per10k is None else f'{per10k:.3f}'}; device-s per accepted image: "
         f"{'-' if per_img is None else f'{per_img:.3f}'}"
     )
+    by_class = d["by_device_class"]
+    if len(by_class) > 1 or any(v["price_per_hour"] is not None for v in by_class.values()):
+        for dc, v in by_class.items():
+            per10k, money = v["gpu_hours_per_10k_accepted"], v["cost_per_10k_accepted"]
+            console.print(
+                f"{dc}: {', '.join(f'{k} {s:.2f}s' for k, s in v['device_seconds'].items())}; "
+                f"GPU-hours per 10k accepted {'-' if per10k is None else f'{per10k:.3f}'}, "
+                f"money per 10k accepted {'-' if money is None else f'{money:.2f}'}"
+            )
     if summary.batches:
         console.print(
             f"this run: {summary.submitted} prompts submitted, mean batch size "

@@ -74,6 +74,18 @@ def render_table(results: dict[str, SimResult], console: Console) -> None:
     console.print(table)
 
 
+def parse_workers(text: str, device_class: str) -> int:
+    """``--workers``: ``N``, or ``CLASS=N`` where CLASS must be the profile's device class."""
+    name, eq, count = text.rpartition("=")
+    if eq and name.strip() != device_class:
+        raise ConfigError(
+            f"--workers {text!r}: the profile's workers are {device_class!r}, not {name!r}"
+        )
+    if not count.strip().isdigit() or int(count) < 1:
+        raise ConfigError(f"--workers must be N or CLASS=N with N >= 1, got {text!r}")
+    return int(count)
+
+
 def simulate_command(
     profile: Annotated[str, typer.Option(help="Profile name (shipped) or path to a JSON file.")],
     renders: Annotated[int, typer.Option(help="Number of prompts to render.")] = 10_000,
@@ -103,7 +115,9 @@ def simulate_command(
     windows: Annotated[
         str, typer.Option(help="Window mode: always | every=P,length=L | S-E,...")
     ] = "always",
-    workers: Annotated[int, typer.Option(help="Render workers of the profile's device.")] = 1,
+    workers: Annotated[
+        str, typer.Option(help="Render workers of the profile's device: N or CLASS=N.")
+    ] = "1",
     deadline_s: Annotated[float | None, typer.Option(help="Per-request deadline, s.")] = None,
     jitter: Annotated[float, typer.Option(help="Relative latency noise, 0..1.")] = 0.0,
     price_per_hour: Annotated[float, typer.Option(help="Price of one device-hour.")] = 2.0,
@@ -123,7 +137,7 @@ def simulate_command(
         cfg = SimConfig(
             prof, arr, failure_rate=failure_rate, hard_share=hard_share,
             fix_curve=registry.fix_curve(fix_curve), qa=QASettings(max_attempts=max_attempts),
-            render_workers=workers, seed=seed,
+            render_workers=parse_workers(workers, prof.device_class), seed=seed,
             jitter=jitter, deadline_s=deadline_s, price_per_hour=price_per_hour,
         )  # fmt: skip
         results = {m: simulate(p, cfg) for m, p in policies.items()}

@@ -3,6 +3,10 @@
 A batch's device-seconds are split between its first attempts and its retries by head
 count (a render batch of 60 first attempts and 4 regenerations books 60/64 of its time to
 ``render`` and 4/64 to ``regen``), so stage totals always add up to the batch totals.
+
+Each device class may have its own price per hour (``parse_prices``: ``cpu=0.05,
+cuda-a100=1.9``): the report then gives GPU-hours and money per 10k accepted images per
+class, next to the totals.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from renderq.core.errors import ConfigError
 from renderq.core.types import Stage
 
 _FIRST = {"render": Stage.RENDER, "score": Stage.SCORE}
@@ -65,15 +70,42 @@ def shares_by(
     return out
 
 
+def parse_prices(text: str) -> dict[str, float]:
+    """Prices per device-hour by device class, from ``CLASS=PRICE[,CLASS=PRICE...]``."""
+    prices: dict[str, float] = {}
+    for entry in (e.strip() for e in text.split(",")):
+        name, eq, value = entry.partition("=")
+        name = name.strip()
+        try:
+            price = float(value)
+        except ValueError:
+            price = math.nan
+        if not eq or not name or not math.isfinite(price) or price < 0:
+            raise ConfigError(
+                f"--price entry {entry!r} is not CLASS=PRICE with a price per hour >= 0"
+            )
+        if name in prices:
+            raise ConfigError(f"--price names device class {name!r} twice")
+        prices[name] = price
+    return prices
+
+
 @dataclass(frozen=True, slots=True)
 class LedgerReport:
-    """Totals of a ledger, in seconds and GPU-hours, with money at a price per device-hour."""
+    """Totals of a ledger, in seconds and GPU-hours, with money at a price per device-hour.
+
+    ``price_per_hour`` prices every device-hour alike; ``prices`` prices each device class
+    (a class without a price has no money figures, and then neither has the total).
+    """
 
     seconds: Mapping[Stage, float]
     seconds_by_device: Mapping[str, float]
     batch_seconds: float
     accepted: int
     price_per_hour: float | None
+    prices: Mapping[str, float] = field(default_factory=dict)
+    #: Seconds per device class and stage.
+    seconds_by_class_stage: Mapping[str, Mapping[Stage, float]] = field(default_factory=dict)
 
     @property
     def total_seconds(self) -> float:
@@ -93,17 +125,42 @@ class LedgerReport:
         return self.total_seconds / 3600 / self.accepted * 10_000
 
     def cost(self) -> float | None:
-        """Money for all booked time at ``price_per_hour``."""
-        if self.price_per_hour is None:
+        """Money for all booked time: at ``price_per_hour``, else at each class's price."""
+        if self.price_per_hour is not None:
+            return self.total_seconds / 3600 * self.price_per_hour
+        if not self.prices or any(dev not in self.prices for dev in self.seconds_by_device):
             return None
-        return self.total_seconds / 3600 * self.price_per_hour
+        return math.fsum(
+            secs / 3600 * self.prices[dev] for dev, secs in self.seconds_by_device.items()
+        )
 
     def cost_per_10k_accepted(self) -> float | None:
         """Money per 10,000 accepted images."""
-        per10k = self.per_10k_accepted_hours()
-        if per10k is None or self.price_per_hour is None:
+        cost = self.cost()
+        if cost is None or self.accepted == 0:
             return None
-        return per10k * self.price_per_hour
+        return cost / self.accepted * 10_000
+
+    def by_device_class(self) -> dict[str, dict[str, object]]:
+        """Per device class: seconds by stage, GPU-hours (per 10k accepted) and money."""
+        out: dict[str, dict[str, object]] = {}
+        for dev in sorted(self.seconds_by_device):
+            secs = self.seconds_by_device[dev]
+            hours = secs / 3600
+            price = self.prices.get(dev, self.price_per_hour)
+            per10k = hours / self.accepted * 10_000 if self.accepted else None
+            stages = self.seconds_by_class_stage.get(dev, {})
+            out[dev] = {
+                "device_seconds": {s.value: stages[s] for s in Stage if s in stages},
+                "gpu_hours": hours,
+                "gpu_hours_per_10k_accepted": per10k,
+                "price_per_hour": price,
+                "cost": None if price is None else hours * price,
+                "cost_per_10k_accepted": None
+                if price is None or per10k is None
+                else per10k * price,
+            }
+        return out
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-ready summary."""
@@ -116,6 +173,7 @@ class LedgerReport:
             "price_per_hour": self.price_per_hour,
             "cost": self.cost(),
             "cost_per_10k_accepted": self.cost_per_10k_accepted(),
+            "by_device_class": self.by_device_class(),
         }
 
 
@@ -151,19 +209,27 @@ class Ledger:
         k = (stage, device_class)
         self.entries[k] = self.entries.get(k, 0.0) + seconds
 
-    def report(self, price_per_hour: float | None = None) -> LedgerReport:
-        """Totals so far."""
-        if price_per_hour is not None and (not math.isfinite(price_per_hour) or price_per_hour < 0):
-            raise ValueError(f"price per hour must be >= 0, got {price_per_hour}")
+    def report(
+        self, price_per_hour: float | None = None, prices: Mapping[str, float] | None = None
+    ) -> LedgerReport:
+        """Totals so far; ``prices``: a price per hour for each device class."""
+        for price in (price_per_hour, *(prices or {}).values()):
+            if price is not None and (not math.isfinite(price) or price < 0):
+                raise ValueError(f"price per hour must be >= 0, got {price}")
         by_stage: dict[Stage, float] = {}
         by_device: dict[str, float] = {}
+        by_both: dict[str, dict[Stage, float]] = {}
         for (stage, dev), secs in self.entries.items():
             by_stage[stage] = by_stage.get(stage, 0.0) + secs
             by_device[dev] = by_device.get(dev, 0.0) + secs
+            cls = by_both.setdefault(dev, {})
+            cls[stage] = cls.get(stage, 0.0) + secs
         return LedgerReport(
             seconds=by_stage,
             seconds_by_device=by_device,
             batch_seconds=self.batch_seconds,
             accepted=self.accepted,
             price_per_hour=price_per_hour,
+            prices=dict(prices or {}),
+            seconds_by_class_stage=by_both,
         )

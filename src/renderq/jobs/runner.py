@@ -20,13 +20,13 @@ import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from renderq.backends.clip import ClipScorer
 from renderq.backends.diffusers import DiffusersExecutor
+from renderq.backends.pool import WorkerSpec
 from renderq.backends.registry import (
     fingerprint,
     model_defaults,
@@ -37,13 +37,14 @@ from renderq.backends.registry import (
 from renderq.core.errors import ConfigError, StorageError
 from renderq.core.events import Accepted, Escalated, Regenerating
 from renderq.core.ledger import Ledger
-from renderq.core.protocols import Scorer
+from renderq.core.protocols import Executor, Scorer
 from renderq.core.scheduler import Scheduler
 from renderq.core.seeds import MAX_SEED, seed_for
 from renderq.core.settings import Batching, ModelSpec, QASettings, key_for, make_policy
 from renderq.core.types import Batch, Request, Stage
 from renderq.jobs.prompts import PromptSpec, file_digest, generated_id, read_prompts
 from renderq.jobs.summary import Progress, RunSummary, summarise
+from renderq.jobs.workers import check_backend, check_prices, load_scorer, scorer_load, start_pool
 from renderq.output.dataset import METADATA, REVIEW, DatasetWriter, attempt_file_name
 from renderq.runtime.realtime import LedgerRow, RealtimeEngine, Step
 from renderq.store.lock import FolderLock
@@ -123,6 +124,8 @@ class JobListener:
     #: The scheduler's ledger: when set, ``ledger.json`` is rewritten after every commit,
     #: so it is current even after the process is killed.
     ledger: Ledger | None = None
+    #: Price per device-hour of each device class, for the money in ``ledger.json``.
+    prices: Mapping[str, float] = field(default_factory=dict)
 
     def started(self, batch: Batch) -> None:
         """Count the batch and its renders."""
@@ -159,7 +162,7 @@ class JobListener:
         with storage_errors(self.writer.out):
             self._append_views(outcomes)
             if self.ledger is not None:
-                self.writer.write_ledger(self.ledger.report().to_dict())
+                self.writer.write_ledger(self.ledger.report(prices=self.prices).to_dict())
             for o in outcomes:
                 if o.state == "accepted" and o.attempt > 0:
                     # Accepted by the gate after all: its failed attempts need no review.
@@ -364,12 +367,14 @@ def input_notices(
     return notices
 
 
-def _request(row: StoredRequest, attempt: int, model_spec: ModelSpec, executor: Any) -> Request:
+def _request(
+    row: StoredRequest, attempt: int, model_spec: ModelSpec, executor: Any, device_class: str
+) -> Request:
     spec, guidance = row.prompt.spec, model_spec.guidance
     assert guidance is not None, "run_job resolves the settings first"
     key = key_for(
         model_spec.model, spec["width"], spec["height"], spec["steps"], guidance,
-        executor.sampler, model_spec.precision, executor.device_class,
+        executor.sampler, model_spec.precision, device_class,
         int(spec.get("prompt_bucket", 0)),
     )  # fmt: skip
     return Request(
@@ -431,12 +436,25 @@ def run_job(
     scorer: Scorer | None = None,
     on_progress: Callable[[Progress], None] | None = None,
     warn: Callable[[str], None] | None = None,
+    devices: Sequence[WorkerSpec] = (),
+    scorer_device: WorkerSpec | None = None,
+    prices: Mapping[str, float] | None = None,
+    backend: str = "local",
+    address: str | None = None,
 ) -> RunSummary:
     """Run (or resume) the job described by ``settings``; returns the summary.
 
     ``warn`` receives notices about the input that do not stop the job (prompts a text
-    encoder will truncate).
+    encoder will truncate). ``devices``: render on a pool of worker processes, one per
+    device (:mod:`renderq.backends.pool`), instead of on ``executor`` in this process,
+    which then only checks the prompts (sizes, prompt lengths). ``scorer_device``: the
+    device and device class the scorer runs on (in this process, or an actor with the
+    ``ray`` backend; default: the run's device, in this process). ``prices``: each device
+    class's price per hour; every class the run uses must have one. ``backend``: ``local``
+    (worker processes) or ``ray`` (an actor per device, on the Ray cluster at ``address``;
+    a new local one when None).
     """
+    check_backend(backend)
     specs = read_prompts(settings.prompts)
     settings = settings.resolved()
     spec = settings.spec
@@ -461,14 +479,35 @@ def run_job(
             if warn is not None:
                 for notice in input_notices(settings, specs, rows):
                     warn(notice)
-            scorer = scorer or ClipScorer.load(
-                resolve(spec.scorer), device=spec.device, scale100=settings.scale100,
-                name=spec.scorer,
-            )  # fmt: skip
+            # With Ray, a scorer on a device of its own is an actor, started with the pool.
+            remote = None
+            if scorer is None and scorer_device is not None and backend == "ray":
+                if not devices:
+                    raise ConfigError("--backend ray needs --devices for its render actors")
+                remote = (scorer_device, scorer_load(spec.scorer, settings.scale100))
+            else:
+                scorer = scorer or load_scorer(
+                    spec.scorer, spec.device, settings.scale100, scorer_device
+                )
+            score_class = remote[0].device_class if remote else getattr(scorer, "device_class", "")
+            render_classes = {d.device_class for d in devices} or {executor.device_class}
+            check_prices(prices, render_classes | {score_class})
             if stored is None:
                 with storage_errors(settings.out):
                     store.create_job(wanted, rows)
-            return _drive(settings, store, executor, scorer, on_progress)
+            prices = dict(prices or {})
+            if not devices:
+                assert scorer is not None  # loaded above unless remote, which needs devices
+                return _drive(settings, store, executor, scorer, on_progress, prices)
+            with start_pool(
+                spec.model, spec.precision, devices, backend=backend, address=address,
+                scoring=remote,
+            ) as pool:  # fmt: skip
+                scorer = scorer or getattr(pool, "scorer", None)
+                assert scorer is not None  # the pool started the scorer actor
+                return _drive(
+                    settings, store, executor, scorer, on_progress, prices, pool.executors()
+                )
         finally:
             store.close()
     finally:
@@ -481,6 +520,8 @@ def _drive(
     executor: DiffusersExecutor,
     scorer: Scorer,
     on_progress: Callable[[Progress], None] | None,
+    prices: Mapping[str, float],
+    workers: dict[str, list[Executor]] | None = None,
 ) -> RunSummary:
     started = time.monotonic()
     with storage_errors(settings.out):
@@ -493,7 +534,7 @@ def _drive(
         ledger=restore_ledger(store),
     )
     with storage_errors(settings.out):
-        writer.write_ledger(sched.ledger.report().to_dict())
+        writer.write_ledger(sched.ledger.report(prices=prices).to_dict())
     all_rows = store.requests()
     counts = store.counts()
     # Prompts a reviewer rejected or edited escalated first: they are done here too.
@@ -511,18 +552,21 @@ def _drive(
         config,
         on_progress,
         ledger=sched.ledger,
+        prices=prices,
     )
+    executors: dict[str, Any] = workers or {executor.device_class: executor}
     engine = RealtimeEngine(
-        sched, {executor.device_class: executor}, scorer, listener,
-        score_batch_size=settings.batching.score_batch_size,
-    )  # fmt: skip
+        sched, executors, scorer, listener, score_batch_size=settings.batching.score_batch_size
+    )
+    [render_class] = executors
     for row in all_rows:
         if row.prompt.id in todo:
-            engine.submit(_request(row, todo[row.prompt.id], settings.spec, executor))
+            req = _request(row, todo[row.prompt.id], settings.spec, executor, render_class)
+            engine.submit(req)
     if on_progress is not None:
         on_progress(progress)
     engine.run()
-    report = sched.ledger.report()
+    report = sched.ledger.report(prices=prices)
     with storage_errors(settings.out):
         refresh_views(store, writer)
         writer.write_ledger(report.to_dict())

@@ -112,6 +112,8 @@ class RunSummary:
             "gpu_hours": hours,
             "device_seconds": {k: v * 3600 for k, v in hours.items()},
             "gpu_hours_per_10k_accepted": self.ledger.per_10k_accepted_hours(),
+            "cost_per_10k_accepted": self.ledger.cost_per_10k_accepted(),
+            "by_device_class": self.ledger.by_device_class(),
             "device_seconds_per_accepted": self.device_seconds_per_accepted(),
             "cpu_share": self.cpu_share,
             "threads": self.threads,

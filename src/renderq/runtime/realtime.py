@@ -2,9 +2,10 @@
 
 One step reads like the simulator's: now -> schedule -> run -> score -> decide -> commit
 -> feed results back -> sleep until ``next_wakeup`` or the next result. Rendering and
-scoring are separate stages on separate worker threads (one render worker per device
-class, one scorer worker), so on its own device the scorer works on batch N while batch
-N+1 renders; torch releases the GIL inside its kernels, so the stages really overlap.
+scoring are separate stages on separate worker threads (one render worker per executor,
+one or more per device class, and one scorer worker), so on its own device the scorer
+works on batch N while batch N+1 renders; torch releases the GIL inside its kernels, so
+the stages really overlap.
 
 When the scorer runs on a device class that also renders (a CPU-only machine, or one GPU
 for both stages), the two stages take turns on it instead: a device runs one job at a
@@ -24,7 +25,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -80,7 +81,8 @@ class Listener(Protocol):
 _RENDERED, _SCORED, _SCORE_FAILED, _CALL = "rendered", "scored", "score_failed", "call"
 _LOST = "lost"
 MAX_LOSSES = 3
-"""Batches in a row a device class may lose (its worker dying each time) before the run stops."""
+"""Batches in a row a render worker may lose (dying each time) before it is retired; the run
+stops when a device class has no worker left."""
 
 
 class RealtimeEngine:
@@ -89,7 +91,7 @@ class RealtimeEngine:
     def __init__(
         self,
         scheduler: Scheduler,
-        executors: Mapping[str, Executor],
+        executors: Mapping[str, Executor | Sequence[Executor]],
         scorer: Scorer,
         listener: Listener,
         *,
@@ -98,7 +100,8 @@ class RealtimeEngine:
         share_device: bool | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``executors`` maps each device class to the executor of its one worker.
+        """``executors`` maps each device class to its workers' executors (one worker per
+        executor: a device pool gives several; a single executor is one worker).
 
         ``share_device``: whether scoring and rendering take turns on the scorer's device
         class; by default they do exactly when a render executor has that device class.
@@ -107,7 +110,10 @@ class RealtimeEngine:
         if not executors:
             raise ConfigError("the engine needs at least one executor")
         self.scheduler = scheduler
-        self.executors = dict(executors)
+        self.executors = {dc: _as_list(ex) for dc, ex in executors.items()}
+        empty = [dc for dc, ex in self.executors.items() if not ex]
+        if empty:
+            raise ConfigError(f"device class {empty[0]!r} has no executor")
         self.scorer = scorer
         self.listener = listener
         self._clock = clock
@@ -117,7 +123,7 @@ class RealtimeEngine:
             dc: queue.Queue() for dc in self.executors
         }
         self._score_q: queue.Queue[ScoreJob | None] = queue.Queue()
-        self._workers = dict.fromkeys(self.executors, 1)
+        self._workers = {dc: len(ex) for dc, ex in self.executors.items()}
         self._free = dict(self._workers)
         shares = scorer.device_class in self.executors
         self.scoring = ScoreStage(
@@ -128,7 +134,6 @@ class RealtimeEngine:
         )
         self._score_sent = 0.0
         self._sent: dict[int, float] = {}  # render batch id -> when its worker got it
-        self._losses = dict.fromkeys(self.executors, 0)  # batches lost in a row per class
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
 
@@ -173,8 +178,9 @@ class RealtimeEngine:
         With ``until_idle=False`` it keeps running when idle, waiting for :meth:`call`,
         until :meth:`stop`.
         """
-        for dc in self.executors:
-            self._start_worker(self._render_worker, dc, f"render-{dc}")
+        for dc, executors in self.executors.items():
+            for i in range(len(executors)):
+                self._start_worker(self._render_worker, (dc, i), f"render-{dc}-{i}")
         self._start_worker(self._score_worker, None, "score")
         try:
             while not self._stop.is_set():
@@ -198,14 +204,15 @@ class RealtimeEngine:
                     except queue.Empty:
                         break
         finally:
-            for q in self._render_q.values():
-                q.put(None)
+            for dc, q in self._render_q.items():
+                for _ in self.executors[dc]:
+                    q.put(None)
             self._score_q.put(None)
             for t in self._threads:
                 t.join(timeout=60)
 
     def _start_worker(self, target: Callable[..., None], arg: Any, name: str) -> None:
-        args = () if arg is None else (arg,)
+        args = () if arg is None else arg if isinstance(arg, tuple) else (arg,)
         thread = threading.Thread(target=target, args=args, daemon=True, name=name)
         self._threads.append(thread)
         thread.start()
@@ -244,7 +251,6 @@ class RealtimeEngine:
         elif kind == _RENDERED:
             batch, result = payload
             self._free[batch.key.device_class] += 1
-            self._losses[batch.key.device_class] = 0
             self._on_rendered(batch, result)
         elif kind == _LOST:
             self._on_lost(*payload)
@@ -268,12 +274,16 @@ class RealtimeEngine:
         held = self.now() - self._sent.pop(batch.id, self.now())
         self.listener.step(Step("render", events, rows, batch=batch, render=result, held_s=held))
 
-    def _on_lost(self, batch: Batch, seconds: float, error: str, died: bool) -> None:
+    def _on_lost(
+        self, batch: Batch, seconds: float, error: str, worker: tuple[int, int], died: bool
+    ) -> None:
         """A render worker died with ``batch`` (or its executor lost its backend).
 
-        The batch goes back to the queue through the scheduler, its device time is booked
-        as lost, and a dead worker thread is started again, up to ``MAX_LOSSES`` batches
-        in a row on one device class; past that the run stops (resumable) rather than
+        The batch goes back to the queue through the scheduler and its device time is
+        booked as lost. ``worker``: the worker's index in its class and the batches it has
+        lost in a row. A dead worker thread is started again; a worker that lost more than
+        ``MAX_LOSSES`` in a row is retired (its thread has ended) while its class has other
+        workers, and the run stops (resumable) when the class has none left, rather than
         losing batch after batch.
         """
         dc = batch.key.device_class
@@ -282,14 +292,17 @@ class RealtimeEngine:
         rows = _delta(before, self.scheduler.ledger)
         self._sent.pop(batch.id, None)
         self.listener.step(Step("lost", (), rows, batch=batch))
-        self._losses[dc] += 1
-        if self._losses[dc] > MAX_LOSSES:
-            raise WorkerLost(
-                f"the render worker of {dc!r} lost {self._losses[dc]} batches in a row "
-                f"(last: {error}); the queued work is kept: run again to resume"
-            )
+        index, streak = worker
+        if streak > MAX_LOSSES:
+            self._workers[dc] -= 1
+            if self._workers[dc] == 0:
+                raise WorkerLost(
+                    f"the render worker of {dc!r} lost {streak} batches in a row (last: "
+                    f"{error}); the queued work is kept: run again to resume"
+                )
+            return  # retired: the class goes on with one worker fewer
         if died:
-            self._start_worker(self._render_worker, dc, f"render-{dc}")
+            self._start_worker(self._render_worker, (dc, index, streak), f"render-{dc}-{index}")
         self._free[dc] += 1
 
     def _on_scored(self, job: ScoreJob, result: ScoreResult) -> None:
@@ -312,25 +325,32 @@ class RealtimeEngine:
 
     # -- workers ------------------------------------------------------------------------
 
-    def _render_worker(self, device_class: str) -> None:
-        executor = self.executors[device_class]
+    def _render_worker(self, device_class: str, index: int, streak: int = 0) -> None:
+        """Render the class's batches on executor ``index``; ``streak``: batches it has lost
+        in a row so far (a restarted thread carries its predecessor's)."""
+        executor = self.executors[device_class][index]
         inbox = self._render_q[device_class]
         while (batch := inbox.get()) is not None:
             start = time.perf_counter()
             try:
                 result = executor.run(batch)
             except WorkerLost as exc:  # the executor's backend died; the executor lives on
-                lost = (batch, time.perf_counter() - start, str(exc), False)
-                self._inbox.put((_LOST, lost))
+                streak += 1
+                gone = (batch, time.perf_counter() - start, str(exc), (index, streak), False)
+                self._inbox.put((_LOST, gone))
+                if streak > MAX_LOSSES:
+                    return  # retired (see _on_lost)
                 continue
             except Exception as exc:  # an executor must not raise; if it does, fail the items
                 error = f"executor failed: {type(exc).__name__}: {exc}"
                 items = tuple(ItemResult(r.id, error=error) for r in batch.requests)
                 result = BatchResult(batch.id, items, time.perf_counter() - start, device_class)
             except BaseException as exc:  # this thread is dying: the batch must not die with it
-                lost = (batch, time.perf_counter() - start, f"{type(exc).__name__}: {exc}", True)
+                error = f"{type(exc).__name__}: {exc}"
+                lost = (batch, time.perf_counter() - start, error, (index, streak + 1), True)
                 self._inbox.put((_LOST, lost))
                 return
+            streak = 0
             self._inbox.put((_RENDERED, (batch, result)))
 
     def _score_worker(self) -> None:
@@ -345,6 +365,13 @@ class RealtimeEngine:
                 self._inbox.put((_SCORE_FAILED, (job, f"scorer died: {type(exc).__name__}")))
                 return
             self._inbox.put((_SCORED, (job, result)))
+
+
+def _as_list(executors: Executor | Sequence[Executor]) -> list[Executor]:
+    """One executor, or a sequence of them, as a list (a class's workers)."""
+    if isinstance(executors, list | tuple):
+        return list(executors)
+    return [executors]  # type: ignore[list-item]
 
 
 def _snapshot(ledger: Ledger) -> dict[tuple[Any, str], float]:

@@ -1,0 +1,282 @@
+"""Render workers as Ray actors: one actor per device, on one machine or a cluster.
+
+``renderq run --backend ray [--address auto] --devices ...`` starts one actor per device
+(``num_gpus=1`` for a GPU, ``num_cpus=THREADS`` for a CPU worker), each holding its own
+loaded pipeline. renderq's scheduler stays in the driver: the engine hands each batch to
+an idle actor through that actor's executor (:class:`RayWorker`) and Ray only carries it
+there and the images back; there is no batcher on the Ray side.
+
+An actor that dies holding a batch (``ray.kill``, a crashed process, a lost node) makes
+its executor raise :class:`WorkerLost`, so the engine returns the batch to the queue
+through the scheduler's ``on_lost``; a new actor is created for the next batch.
+
+With ``--scorer-devices`` the scorer is an actor too (:class:`RayScorer`), so the driver
+needs no accelerator: a score batch whose actor dies fails like any score batch (the
+engine's score stage tries it again) and a new actor is created for the next one.
+
+The model id is resolved on the driver: on a cluster of several machines it must name a
+hub id or a folder that every node sees at the same path.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from renderq.backends.pool import Loader, WorkerSpec
+from renderq.core.errors import ConfigError, WorkerLost
+from renderq.core.protocols import Executor, Scorer
+from renderq.core.types import Batch, BatchResult, ScoreResult
+
+_INSTALL = "the Ray backend needs ray: pip install 'renderq[ray]'"
+
+
+def import_ray() -> Any:
+    """Import ray, or raise a ConfigError that says what to install."""
+    try:
+        import ray
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ConfigError(_INSTALL) from exc
+    return ray
+
+
+def connect(address: str | None = None) -> bool:
+    """Join the Ray cluster at ``address`` (``auto``: the running one), or start a local
+    one when ``address`` is None; nothing if this process is connected already.
+
+    Returns whether this call connected (and so should disconnect when done).
+    """
+    ray = import_ray()
+    if ray.is_initialized():
+        return False
+    try:
+        ray.init(address=address, include_dashboard=False, logging_level="WARNING")
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        where = "a new local cluster" if address is None else repr(address)
+        raise ConfigError(f"cannot connect to Ray ({where}): {exc}") from exc
+    return True
+
+
+def cluster_gpus() -> int:
+    """GPUs the connected Ray cluster offers (for ``--devices cuda``)."""
+    return int(import_ray().cluster_resources().get("GPU", 0))
+
+
+class RenderActor:
+    """The body of a render actor: a loaded pipeline that renders batches."""
+
+    def __init__(self, spec: WorkerSpec, load: Loader) -> None:
+        """Load the pipeline; Ray gives a GPU actor its GPU as ``cuda:0``."""
+        device = "cuda:0" if spec.device.startswith("cuda") else "cpu"
+        self.executor = load.build(spec, device)
+
+    def pid(self) -> int:
+        """The actor's process id (it answers once the pipeline is loaded)."""
+        return os.getpid()
+
+    def render(self, batch: Batch) -> BatchResult:
+        """Render one batch."""
+        return self.executor.run(batch)
+
+
+class RayWorker:
+    """The executor of one render actor, used by one engine worker thread at a time."""
+
+    def __init__(self, spec: WorkerSpec, load: Loader) -> None:
+        """A worker for ``spec``; the actor is created by :meth:`start` (or the first run)."""
+        self.spec = spec
+        self.load = load
+        self.device_class = spec.device_class
+        self.actor: Any = None
+        self.starts = 0
+        #: Set while the actor holds a batch (sent, no result yet), for drills that kill it.
+        self.busy = threading.Event()
+
+    def start(self) -> Any:
+        """Create the actor (it loads the pipeline in the background); returns a ready ref."""
+        self.actor = _actor_class(RenderActor, self.spec).remote(self.spec, self.load)
+        self.starts += 1
+        return self.actor.pid.remote()
+
+    def run(self, batch: Batch) -> BatchResult:
+        """Render ``batch`` on the actor; WorkerLost if the actor dies before answering."""
+        ray = import_ray()
+        try:
+            if self.actor is None:
+                ray.get(self.start())
+            ref = self.actor.render.remote(batch)
+            self.busy.set()
+            result: BatchResult = ray.get(ref)
+            return result
+        except ray.exceptions.RayActorError as exc:  # died, or its node was lost
+            self.actor = None
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise WorkerLost(
+                f"render actor on {self.spec.device} died holding batch {batch.id}: {first}"
+            ) from None
+        finally:
+            self.busy.clear()
+
+    def close(self) -> None:
+        """End the actor."""
+        if self.actor is not None:
+            import_ray().kill(self.actor)
+            self.actor = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScorerLoad:
+    """What a scorer actor loads: a CLIP folder or hub id, its label and score scale."""
+
+    model: str
+    name: str
+    scale100: bool = False
+
+    def build(self, spec: WorkerSpec, device: str) -> Scorer:
+        """Load the scorer on ``device`` with ``spec``'s CPU threads and device class."""
+        from renderq.backends.clip import ClipScorer
+        from renderq.backends.diffusers import import_torch, quiet_libraries
+
+        if spec.threads > 0:
+            import_torch().set_num_threads(spec.threads)
+        quiet_libraries()
+        scorer = ClipScorer.load(self.model, device=device, scale100=self.scale100, name=self.name)
+        scorer.device_class = spec.device_class
+        return scorer
+
+
+class ScoreActor:
+    """The body of a scorer actor: a loaded CLIP scorer."""
+
+    def __init__(self, spec: WorkerSpec, load: ScorerLoad) -> None:
+        """Load the scorer; Ray gives a GPU actor its GPU as ``cuda:0``."""
+        device = "cuda:0" if spec.device.startswith("cuda") else "cpu"
+        self.scorer = load.build(spec, device)
+
+    def pid(self) -> int:
+        """The actor's process id (it answers once the scorer is loaded)."""
+        return os.getpid()
+
+    def score(self, images: Sequence[Any], prompts: Sequence[str]) -> ScoreResult:
+        """Score one batch."""
+        return self.scorer.score(images, prompts)
+
+
+class RayScorer:
+    """The engine's scorer, run by a scorer actor (the engine calls it from one thread)."""
+
+    def __init__(self, spec: WorkerSpec, load: ScorerLoad) -> None:
+        """A scorer for ``spec``; the actor is created by :meth:`start` (or the first call)."""
+        self.spec = spec
+        self.load = load
+        self.device_class = spec.device_class
+        self.actor: Any = None
+        self.starts = 0
+
+    def start(self) -> Any:
+        """Create the actor; returns a ref that is ready once the scorer has loaded."""
+        self.actor = _actor_class(ScoreActor, self.spec).remote(self.spec, self.load)
+        self.starts += 1
+        return self.actor.pid.remote()
+
+    def score(self, images: Sequence[Any], prompts: Sequence[str]) -> ScoreResult:
+        """Score on the actor; an actor that died raises (the score stage tries again)."""
+        ray = import_ray()
+        try:
+            if self.actor is None:
+                ray.get(self.start())
+            result: ScoreResult = ray.get(self.actor.score.remote(list(images), list(prompts)))
+            return result
+        except ray.exceptions.RayActorError as exc:
+            self.actor = None
+            raise RuntimeError(f"scorer actor on {self.spec.device} died: {exc}") from None
+
+    def close(self) -> None:
+        """End the actor."""
+        if self.actor is not None:
+            import_ray().kill(self.actor)
+            self.actor = None
+
+
+def _actor_class(body: type, spec: WorkerSpec) -> Any:
+    """``body`` as a Ray actor class with ``spec``'s resources: a GPU, or its CPU threads."""
+    gpu = spec.device.startswith("cuda")
+    return (
+        import_ray()
+        .remote(body)
+        .options(
+            num_cpus=0 if gpu else max(1, spec.threads),
+            num_gpus=1 if gpu else 0,
+            max_restarts=0,  # a dead actor is replaced by its owner, its work requeued
+        )
+    )
+
+
+class RayPool:
+    """Render actors, one per device, grouped by device class."""
+
+    def __init__(
+        self,
+        workers: Sequence[RayWorker],
+        *,
+        scorer: RayScorer | None = None,
+        owns_connection: bool = False,
+    ) -> None:
+        """A pool of workers (and a scorer actor); ``owns_connection``: disconnect from
+        Ray on :meth:`close`."""
+        if not workers:
+            raise ConfigError("a device pool needs at least one device")
+        self.workers = list(workers)
+        self.scorer = scorer
+        self._owns = owns_connection
+
+    @classmethod
+    def start(
+        cls,
+        specs: Sequence[WorkerSpec],
+        load: Loader,
+        *,
+        address: str | None = None,
+        scorer: tuple[WorkerSpec, ScorerLoad] | None = None,
+    ) -> RayPool:
+        """Connect to Ray, start an actor per spec (and a scorer actor) and wait until every
+        one has loaded."""
+        owns = connect(address)
+        score = None if scorer is None else RayScorer(*scorer)
+        pool = cls([RayWorker(s, load) for s in specs], scorer=score, owns_connection=owns)
+        ray = import_ray()
+        try:
+            ready = [w.start() for w in pool.workers]
+            ray.get(ready + ([] if score is None else [score.start()]))
+        except ray.exceptions.RayActorError as exc:
+            pool.close()
+            raise ConfigError(f"a render or scorer actor cannot start: {exc}") from None
+        except BaseException:
+            pool.close()
+            raise
+        return pool
+
+    def executors(self) -> dict[str, list[Executor]]:
+        """The engine's executors: each device class's actors."""
+        out: dict[str, list[Executor]] = {}
+        for w in self.workers:
+            out.setdefault(w.device_class, []).append(w)
+        return out
+
+    def close(self) -> None:
+        """End every actor (and the Ray connection this pool made)."""
+        for w in self.workers:
+            w.close()
+        if self.scorer is not None:
+            self.scorer.close()
+        if self._owns:
+            import_ray().shutdown()
+
+    def __enter__(self) -> RayPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

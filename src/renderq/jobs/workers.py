@@ -1,0 +1,75 @@
+"""Where a job renders and scores: in this process, on a local pool, or on Ray actors.
+
+``renderq run`` renders in its own process unless ``--devices`` names a pool; the pool is
+local worker processes (:mod:`renderq.backends.pool`) or, with ``--backend ray``, Ray
+actors (:mod:`renderq.backends.ray_backend`), where a scorer on ``--scorer-devices`` is
+an actor too. Each device class the run uses may be priced (``--price``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from renderq.backends.clip import ClipScorer
+from renderq.backends.pool import DevicePool, LoadSpec, WorkerSpec
+from renderq.backends.ray_backend import RayPool, ScorerLoad
+from renderq.backends.registry import resolve
+from renderq.core.errors import ConfigError
+
+BACKENDS = ("local", "ray")
+"""Where a pool's workers run: processes on this machine, or Ray actors."""
+
+
+def check_backend(backend: str) -> None:
+    """Raise ConfigError unless ``backend`` is one of :data:`BACKENDS`."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"--backend must be 'local' or 'ray', got {backend!r}")
+
+
+def load_scorer(model: str, device: str, scale100: bool, where: WorkerSpec | None) -> ClipScorer:
+    """The CLIP scorer in this process: on ``where``'s device and class, else on ``device``."""
+    scorer = ClipScorer.load(
+        resolve(model),
+        device=device if where is None else where.device,
+        scale100=scale100,
+        name=model,
+    )
+    if where is not None:
+        scorer.device_class = where.device_class
+    return scorer
+
+
+def scorer_load(model: str, scale100: bool) -> ScorerLoad:
+    """What a scorer actor loads."""
+    return ScorerLoad(resolve(model), model, scale100)
+
+
+def check_prices(prices: Mapping[str, float] | None, classes: set[str]) -> None:
+    """With prices given, every device class the run uses must have one."""
+    missing = sorted(classes - set(prices or {}))
+    if prices and missing:
+        raise ConfigError(
+            f"--price has no price for device class {missing[0]!r}; this run uses {sorted(classes)}"
+        )
+
+
+def start_pool(
+    model: str,
+    precision: str,
+    devices: Sequence[WorkerSpec],
+    *,
+    backend: str = "local",
+    address: str | None = None,
+    scoring: tuple[WorkerSpec, ScorerLoad] | None = None,
+) -> DevicePool | RayPool:
+    """Start the render workers of ``devices`` (one device class) and, on Ray, the scorer
+    actor of ``scoring``; returns once every one has loaded."""
+    classes = sorted({d.device_class for d in devices})
+    if len(classes) > 1:
+        raise ConfigError(
+            f"--devices names the device classes {classes}: the render stage runs on one class"
+        )
+    load = LoadSpec(resolve(model), model, precision)
+    if backend == "ray":
+        return RayPool.start(devices, load, address=address, scorer=scoring)
+    return DevicePool.start(devices, load)
