@@ -75,3 +75,68 @@ def test_an_unknown_adapter_is_refused_with_its_name(with_adapters: DiffusersExe
         with_adapters.check_adapter("sepia@0.5")
     with_adapters.check_adapter("neon@0.5")
     with_adapters.check_adapter("")
+
+
+@pytest.mark.slow
+def test_a_job_with_two_adapters_renders_each_image_as_alone_with_its_own(
+    tmp_path: Path, tiny_model: Path, tiny_clip: Path, with_adapters: DiffusersExecutor
+) -> None:
+    import json
+
+    from PIL import Image
+
+    from renderq.jobs.runner import run_job
+
+    from .conftest import run_settings
+
+    lines = [
+        {"id": "a", "prompt": "a red circle", "seed": 1, "lora": "ink"},
+        {"id": "b", "prompt": "a red circle", "seed": 2, "lora": "neon@0.5"},
+        {"id": "c", "prompt": "a red circle", "seed": 3},
+        {"id": "d", "prompt": "a blue square", "seed": 4, "lora": "ink"},
+    ]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    paths = tuple(with_adapters.lora.paths.items())
+    s = run_settings(prompts, tmp_path / "out", tiny_model, tiny_clip, threshold=-1.0,
+                     steps=3, adapters=paths, mode="window")  # fmt: skip
+    summary = run_job(s, executor=with_adapters)
+    assert summary.accepted == 4
+    meta = {
+        r["id"]: r for r in map(json.loads, (s.out / "metadata.jsonl").read_text().splitlines())
+    }
+    assert {k: meta[k]["lora"] for k in "abcd"} == {
+        "a": "ink",
+        "b": "neon@0.5",
+        "c": "",
+        "d": "ink",
+    }
+    for x in lines:
+        alone = with_adapters.run(_batch_of(with_adapters, x))
+        want = alone.items[0].image.astype(int)
+        got = np.asarray(Image.open(s.out / meta[x["id"]]["file_name"])).astype(int)
+        assert np.abs(got - want).max() <= 1, x["id"]
+
+
+def _batch_of(ex: DiffusersExecutor, line: dict[str, object]) -> Batch:
+    w, h = ex.default_size()
+    adapter = str(line.get("lora", ""))
+    key = BatchKey("tiny-sd", w, h, 3, True, ex.sampler, "fp32", ex.device_class, adapter=adapter)
+    req = Request("x", str(line["prompt"]), key, base_seed=int(str(line["seed"])))
+    return Batch(9, key, (req,), 0.0, 1)
+
+
+@pytest.mark.slow
+def test_a_prompt_naming_an_unknown_adapter_is_refused_with_its_line(
+    tmp_path: Path, tiny_model: Path, tiny_clip: Path, with_adapters: DiffusersExecutor
+) -> None:
+    from renderq.jobs.runner import run_job
+
+    from .conftest import run_settings
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "a red circle"}\n{"prompt": "a red circle", "lora": "sepia"}\n')
+    s = run_settings(prompts, tmp_path / "out", tiny_model, tiny_clip,
+                     adapters=tuple(with_adapters.lora.paths.items()))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"p\.jsonl:2: unknown LoRA adapter 'sepia'"):
+        run_job(s, executor=with_adapters)

@@ -111,6 +111,9 @@ class LoadSpec:
     model: str
     name: str
     precision: str = "fp32"
+    adapters: tuple[tuple[str, str], ...] = ()
+    compile: bool = False
+    channels_last: bool = False
 
     def build(self, spec: WorkerSpec, device: str) -> Executor:
         """Load the pipeline on ``device`` with ``spec``'s CPU threads and device class."""
@@ -120,8 +123,9 @@ class LoadSpec:
             import_torch().set_num_threads(spec.threads)
         quiet_libraries()
         executor = DiffusersExecutor.load(
-            self.model, device=device, precision=self.precision, name=self.name
-        )
+            self.model, device=device, precision=self.precision, name=self.name,
+            compile=self.compile, channels_last=self.channels_last, adapters=dict(self.adapters),
+        )  # fmt: skip
         executor.device_class = spec.device_class
         return executor
 

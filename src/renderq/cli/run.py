@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from renderq.backends.adapters import parse_adapter_paths
 from renderq.backends.calibrate import CALIBRATION_FILE, lookup, scale_name
 from renderq.cli.progress import ProgressLines, progress_for
 from renderq.core.errors import ConfigError, RenderqError
@@ -65,6 +66,18 @@ def run(
         None, help="Ray cluster to join (auto: the running one; default: start a local one)."
     ),
     precision: str = typer.Option(_SPEC.precision, help="fp32, fp16 or bf16."),
+    lora: list[str] = typer.Option(
+        [],
+        "--lora",
+        metavar="NAME=PATH",
+        help="A LoRA adapter prompts may name (JSONL 'lora'); repeat for more.",
+    ),
+    compile_: bool = typer.Option(
+        False, "--compile", metavar="", help="The denoiser under torch.compile (GPU)."
+    ),
+    channels_last: bool = typer.Option(
+        False, "--channels-last", metavar="", help="Channels-last denoiser and VAE (GPU)."
+    ),
     seed: int = typer.Option(0, help="Base seed; prompt i gets seed + i unless its line sets one."),
     clipscore_scale: bool = typer.Option(
         False, "--clipscore-scale", metavar="", help="Score as 100*max(cos, 0) instead of cosine."
@@ -89,7 +102,17 @@ def run(
         settings = RunSettings(
             prompts,
             out,
-            ModelSpec(model, scorer, device, precision, steps, guidance),
+            ModelSpec(
+                model,
+                scorer,
+                device,
+                precision,
+                steps,
+                guidance,
+                tuple(parse_adapter_paths(lora).items()),
+                compile_,
+                channels_last,
+            ),
             Batching(mode, max_batch_size, max_queue_delay),
             qa_settings(threshold, max_attempts, calibration, scorer, clipscore_scale),
             seed=seed,

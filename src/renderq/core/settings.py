@@ -56,8 +56,20 @@ class ModelSpec:
     precision: str = "fp32"
     steps: int | None = None
     guidance: float | None = None
+    #: LoRA adapters a request may name, ``(name, folder or hub id)``, loaded once a worker.
+    adapters: tuple[tuple[str, str], ...] = ()
+    #: The denoiser under ``torch.compile`` (each batch shape warmed once, untimed).
+    compile: bool = False
+    #: Denoiser and VAE in channels-last memory format.
+    channels_last: bool = False
 
     def __post_init__(self) -> None:
+        names = [name for name, _ in self.adapters]
+        for name, path in self.adapters:
+            if not name or "@" in name or not path:
+                raise ConfigError(f"--lora takes NAME=PATH (no '@' in NAME), got {name}={path}")
+        if len(set(names)) != len(names):
+            raise ConfigError(f"--lora names must differ, got {names}")
         for name in ("model", "scorer"):
             if not getattr(self, name):
                 raise ConfigError(f"--{name} must name a model, got {getattr(self, name)!r}")
@@ -168,6 +180,7 @@ def key_for(
     precision: str,
     device_class: str,
     prompt_bucket: int = 0,
+    adapter: str = "",
 ) -> BatchKey:
     """The batch key of a request: what it must share with its batch-mates."""
     return BatchKey(
@@ -180,6 +193,7 @@ def key_for(
         precision=precision,
         device_class=device_class,
         prompt_bucket=prompt_bucket,
+        adapter=adapter,
     )
 
 

@@ -3,7 +3,8 @@
 A JSONL line holds ``prompt`` and optionally ``id`` (the request id in the store and in
 ``metadata.jsonl``; the image is saved as ``images/<id>.png``), ``seed``,
 ``negative_prompt``, ``width`` and ``height`` (or ``size`` as ``"WxH"`` or ``[W, H]``) and
-``steps``. Every problem is reported with its line number before anything renders. A
+``steps``, and ``lora`` (a configured LoRA adapter, ``NAME`` or ``NAME@SCALE``; part of
+the batch key). Every problem is reported with its line number before anything renders. A
 UTF-8 byte-order mark (as some editors write) is not part of the first prompt.
 """
 
@@ -19,7 +20,9 @@ from typing import Any
 from renderq.core.errors import ConfigError
 from renderq.core.seeds import MAX_SEED
 
-_KEYS = frozenset({"prompt", "seed", "negative_prompt", "width", "height", "size", "steps", "id"})
+_KEYS = frozenset(
+    {"prompt", "seed", "negative_prompt", "width", "height", "size", "steps", "id", "lora"}
+)
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
@@ -40,6 +43,8 @@ class PromptSpec:
     width: int | None = None
     height: int | None = None
     steps: int | None = None
+    #: A LoRA adapter from the run's configured set, ``NAME`` or ``NAME@SCALE`` ("": none).
+    lora: str = ""
 
 
 def file_digest(path: Path) -> str:
@@ -101,6 +106,9 @@ def _parse_line(path: Path, n: int, line: str, jsonl: bool) -> PromptSpec:
     negative = obj.get("negative_prompt", "")
     if not isinstance(negative, str):
         raise ConfigError(f"{where}: 'negative_prompt' must be a string, got {negative!r}")
+    lora = obj.get("lora", "")
+    if not isinstance(lora, str):
+        raise ConfigError(f"{where}: 'lora' must be a string NAME or NAME@SCALE, got {lora!r}")
     rid = obj.get("id")
     if rid is not None and (not isinstance(rid, str) or not _ID.fullmatch(rid)):
         raise ConfigError(
@@ -116,6 +124,7 @@ def _parse_line(path: Path, n: int, line: str, jsonl: bool) -> PromptSpec:
         width=width,
         height=height,
         steps=_int(where, obj, "steps", minimum=1),
+        lora=lora.strip(),
     )
 
 

@@ -104,6 +104,10 @@ class RunSettings:
             "precision": spec.precision,
             "seed": self.seed,
             "scale100": self.scale100,
+            # Only when set, so that stores written before adapters existed still resume.
+            **(
+                {"adapters": {n: fingerprint(p) for n, p in spec.adapters}} if spec.adapters else {}
+            ),
         }
 
 
@@ -270,6 +274,7 @@ def metadata_row(
         "negative_prompt": spec["negative_prompt"],
         "prompt_bucket": spec.get("prompt_bucket", 0),
         "truncated": spec.get("truncated", []),
+        "lora": spec.get("adapter", ""),
         "batch_id": f"{run}-{batch_id}",
         "batch_size": batch_size,
         "accepted_by": accepted_by,
@@ -324,6 +329,8 @@ def build_prompt_rows(
         try:
             executor.check_size(w, h)
             executor.check_negative_prompt(s.negative_prompt)
+            if s.lora:
+                executor.check_adapter(s.lora)
         except ConfigError as exc:
             raise ConfigError(f"{settings.prompts}:{s.line}: {exc}") from None
         length = executor.prompt_length(s.prompt)
@@ -334,6 +341,7 @@ def build_prompt_rows(
             "negative_prompt": s.negative_prompt,
             "prompt_bucket": length.bucket,
             "truncated": list(length.truncated),
+            "adapter": s.lora,
         }
         seed = s.seed if s.seed is not None else settings.seed + i
         if seed > MAX_SEED:
@@ -375,7 +383,7 @@ def _request(
     key = key_for(
         model_spec.model, spec["width"], spec["height"], spec["steps"], guidance,
         executor.sampler, model_spec.precision, device_class,
-        int(spec.get("prompt_bucket", 0)),
+        int(spec.get("prompt_bucket", 0)), spec.get("adapter", ""),
     )  # fmt: skip
     return Request(
         id=row.prompt.id,
@@ -473,8 +481,10 @@ def run_job(
             if stored is not None:
                 check_config(stored, wanted, settings.out)
             executor = executor or DiffusersExecutor.load(
-                resolve(spec.model), device=spec.device, precision=spec.precision, name=spec.model
-            )
+                resolve(spec.model), device=spec.device, precision=spec.precision,
+                name=spec.model, compile=spec.compile, channels_last=spec.channels_last,
+                adapters=dict(spec.adapters),
+            )  # fmt: skip
             rows = build_prompt_rows(specs, settings, executor)
             if warn is not None:
                 for notice in input_notices(settings, specs, rows):
@@ -500,9 +510,8 @@ def run_job(
                 assert scorer is not None  # loaded above unless remote, which needs devices
                 return _drive(settings, store, executor, scorer, on_progress, prices)
             with start_pool(
-                spec.model, spec.precision, devices, backend=backend, address=address,
-                scoring=remote,
-            ) as pool:  # fmt: skip
+                spec, devices, backend=backend, address=address, scoring=remote
+            ) as pool:
                 scorer = scorer or getattr(pool, "scorer", None)
                 assert scorer is not None  # the pool started the scorer actor
                 return _drive(

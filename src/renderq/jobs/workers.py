@@ -15,6 +15,7 @@ from renderq.backends.pool import DevicePool, LoadSpec, WorkerSpec
 from renderq.backends.ray_backend import RayPool, ScorerLoad
 from renderq.backends.registry import resolve
 from renderq.core.errors import ConfigError
+from renderq.core.settings import ModelSpec
 
 BACKENDS = ("local", "ray")
 """Where a pool's workers run: processes on this machine, or Ray actors."""
@@ -54,8 +55,7 @@ def check_prices(prices: Mapping[str, float] | None, classes: set[str]) -> None:
 
 
 def start_pool(
-    model: str,
-    precision: str,
+    spec: ModelSpec,
     devices: Sequence[WorkerSpec],
     *,
     backend: str = "local",
@@ -69,7 +69,10 @@ def start_pool(
         raise ConfigError(
             f"--devices names the device classes {classes}: the render stage runs on one class"
         )
-    load = LoadSpec(resolve(model), model, precision)
+    load = LoadSpec(
+        resolve(spec.model), spec.model, spec.precision, spec.adapters, spec.compile,
+        spec.channels_last,
+    )  # fmt: skip
     if backend == "ray":
         return RayPool.start(devices, load, address=address, scorer=scoring)
     return DevicePool.start(devices, load)
