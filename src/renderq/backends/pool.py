@@ -96,6 +96,14 @@ def _cuda_count() -> int:
     return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
 
 
+def by_class(workers: Sequence[Executor]) -> dict[str, list[Executor]]:
+    """Workers grouped by device class, as the engine takes them."""
+    out: dict[str, list[Executor]] = {}
+    for w in workers:
+        out.setdefault(w.device_class, []).append(w)
+    return out
+
+
 class Loader(Protocol):
     """Builds a worker's executor inside the worker (a picklable value: it travels there)."""
 
@@ -294,10 +302,7 @@ class DevicePool:
 
     def executors(self) -> dict[str, list[Executor]]:
         """The engine's executors: each device class's workers."""
-        out: dict[str, list[Executor]] = {}
-        for w in self.workers:
-            out.setdefault(w.device_class, []).append(w)
-        return out
+        return by_class(self.workers)
 
     def close(self) -> None:
         """Stop every worker process."""

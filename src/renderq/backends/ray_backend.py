@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from renderq.backends.pool import Loader, WorkerSpec
+from renderq.backends.pool import Loader, WorkerSpec, by_class
 from renderq.core.errors import ConfigError, WorkerLost
 from renderq.core.protocols import Executor, Scorer
 from renderq.core.types import Batch, BatchResult, ScoreResult
@@ -261,10 +261,7 @@ class RayPool:
 
     def executors(self) -> dict[str, list[Executor]]:
         """The engine's executors: each device class's actors."""
-        out: dict[str, list[Executor]] = {}
-        for w in self.workers:
-            out.setdefault(w.device_class, []).append(w)
-        return out
+        return by_class(self.workers)
 
     def close(self) -> None:
         """End every actor (and the Ray connection this pool made)."""
