@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -31,15 +32,20 @@ def req(i: int, deadline: float | None = None) -> Request:
     return Request(f"r{i}", f"prompt {i}", K, base_seed=i, deadline=deadline)
 
 
-def drain(s: Scheduler, now: float, passes: bool = True) -> float:
+def drain(s: Scheduler, now: float, passes: bool = True, first_fails: bool = False) -> float:
     """Render and score everything queued, one batch at a time, each at the curve's price."""
     while not s.idle():
         for b in s.schedule(now, {"gpu0": 1}):
             now += COST.latency(b.size)
             items = tuple(ItemResult(r.id, r.id) for r in b.requests)
             s.on_result(BatchResult(b.id, items, COST.latency(b.size), "gpu0"), now)
-            scores = tuple(0.9 if passes else 0.1 for _ in b.requests)
-            s.on_scores([r.id for r in b.requests], ScoreResult(scores, 0.0, "gpu0"), now)
+            # Requests that skip the gate were accepted with their render.
+            scored = [r for r in b.requests if s.state(r.id) is RequestState.SCORING]
+            ids = [r.id for r in scored]
+            ok = [passes and not (first_fails and r.attempt == 0) for r in scored]
+            scores = tuple(0.9 if good else 0.1 for good in ok)
+            if ids:
+                s.on_scores(ids, ScoreResult(scores, 0.0, "gpu0"), now)
     return now
 
 
@@ -66,6 +72,22 @@ def test_retries_are_priced_again_once_requests_need_them() -> None:
     assert s.retries_to_price() == 2
     assert not s.submit(req(100, deadline=now + 2.5), now).admitted
     assert s.submit(req(101, deadline=now + 3.5), now).admitted
+
+
+def test_requests_that_skip_the_gate_do_not_lower_the_failure_rate_priced() -> None:
+    s = Scheduler(Dynamic(0.0, 4), qa=QAPolicy(0.5, max_attempts=3), cost=lambda k: COST)
+    for i in range(20):
+        s.submit(req(i), 0.0)
+    # Every gated request fails once, then passes: half the gate's verdicts are failures,
+    # so a quarter would still fail after one retry. Both retries are priced.
+    now = drain(s, 0.0, first_fails=True)
+    assert s.retries_to_price() == 2
+    for i in range(20, 3020):  # then 3000 that skip the gate, accepted on their one render
+        s.submit(dataclasses.replace(req(i), qa=False), now)
+    drain(s, now)
+    # Counted as passes, they would make the gate look nearly perfect (20 failures in
+    # 3040 attempts) and one retry would be priced.
+    assert s.retries_to_price() == 2
 
 
 def test_every_retry_is_priced_until_enough_requests_have_finished() -> None:

@@ -412,7 +412,8 @@ class Scheduler:
         self._latency_scale[dev] = ratio if old is None else old + LATENCY_EWMA * (ratio - old)
 
     def _retry_or_escalate(self, rec: _Record, score: float | None, now: float) -> Event:
-        self._renders.attempt(passed=False)
+        if rec.request.qa and self.qa.enabled:
+            self._renders.attempt(passed=False)
         attempt = rec.request.attempt
         verdict = self.qa.retry(attempt) if score is None else self.qa.decide(score, attempt)
         if verdict is Verdict.REGENERATE:
@@ -519,7 +520,9 @@ class Scheduler:
         if new not in TRANSITIONS[rec.state]:
             check_transition(rec.state, new)  # raises with the message
         rec.state = new
-        if new is _S.ACCEPTED:
-            self._renders.attempt(passed=True)
         if new is _S.ACCEPTED or new is _S.ESCALATED:
-            self._renders.finish(len(rec.history), gated=rec.request.qa and self.qa.enabled)
+            # Only gated requests' attempts tell how often the gate fails.
+            gated = rec.request.qa and self.qa.enabled
+            if gated and new is _S.ACCEPTED:
+                self._renders.attempt(passed=True)
+            self._renders.finish(len(rec.history), gated=gated)
