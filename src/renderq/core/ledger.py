@@ -14,18 +14,29 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from renderq.core.errors import ConfigError
-from renderq.core.types import Stage
+from renderq.core.types import BatchKind, Stage
 
-_FIRST = {"render": Stage.RENDER, "score": Stage.SCORE}
-_RETRY = {"render": Stage.REGEN, "score": Stage.RESCORE}
+_FIRST = {BatchKind.RENDER: Stage.RENDER, BatchKind.SCORE: Stage.SCORE}
+_RETRY = {BatchKind.RENDER: Stage.REGEN, BatchKind.SCORE: Stage.RESCORE}
+
+
+class LedgerRow(NamedTuple):
+    """Device-seconds booked to one stage on one device class (as the store keeps them)."""
+
+    stage: Stage
+    device_class: str
+    seconds: float
+
 
 K = TypeVar("K", bound=Hashable)
 
 
-def stage_split(kind: str, attempts: Iterable[int], device_seconds: float) -> dict[Stage, float]:
+def stage_split(
+    kind: BatchKind, attempts: Iterable[int], device_seconds: float
+) -> dict[Stage, float]:
     """One batch's device-seconds split between first attempts and retries by head count.
 
     ``kind`` is ``"render"`` or ``"score"``; the two values add up to ``device_seconds``
@@ -47,7 +58,7 @@ def stage_split(kind: str, attempts: Iterable[int], device_seconds: float) -> di
 
 
 def shares_by(
-    items: Iterable[tuple[K | None, int]], device_seconds: float, kind: str
+    items: Iterable[tuple[K | None, int]], device_seconds: float, kind: BatchKind
 ) -> dict[K, dict[Stage, float]]:
     """Each group's head-count share of one batch's device-seconds, split as the ledger books it.
 
@@ -187,7 +198,7 @@ class Ledger:
     accepted: int = 0
 
     def book_batch(
-        self, kind: str, attempts: Iterable[int], device_seconds: float, device_class: str
+        self, kind: BatchKind, attempts: Iterable[int], device_seconds: float, device_class: str
     ) -> None:
         """Book one batch of ``kind`` (``"render"`` or ``"score"``) whose items had ``attempts``."""
         for stage, seconds in stage_split(kind, attempts, device_seconds).items():

@@ -35,6 +35,7 @@ from renderq.core.types import (
     TRANSITIONS,
     Batch,
     BatchKey,
+    BatchKind,
     BatchResult,
     Request,
     RequestState,
@@ -301,7 +302,7 @@ class Scheduler:
             self.lower_cap(batch.key, result.fitted_cap)
         self._observe_latency(batch, now)
         self.ledger.book_batch(
-            "render",
+            BatchKind.RENDER,
             (r.attempt for r in batch.requests),
             result.device_seconds,
             result.device_class,
@@ -343,7 +344,10 @@ class Scheduler:
             if rec.state is not _S.SCORING:
                 raise ConfigError(f"request {rec.request.id!r} is {rec.state.value}, not scoring")
         self.ledger.book_batch(
-            "score", (r.request.attempt for r in recs), result.device_seconds, result.device_class
+            BatchKind.SCORE,
+            (r.request.attempt for r in recs),
+            result.device_seconds,
+            result.device_class,
         )
         events: list[Event] = []
         for rec, score in zip(recs, result.scores, strict=True):

@@ -22,6 +22,15 @@ class Stage(enum.StrEnum):
     LOST = "lost"
 
 
+class BatchKind(enum.StrEnum):
+    """What a batch did, and so what an engine step that ends it reports."""
+
+    RENDER = "render"
+    SCORE = "score"
+    #: Its worker died holding it: the requests are queued again.
+    LOST = "lost"
+
+
 class RequestState(enum.StrEnum):
     """Life cycle of one request; see ``TRANSITIONS`` for the allowed moves."""
 

@@ -36,17 +36,17 @@ from renderq.backends.registry import (
 )
 from renderq.core.errors import ConfigError, StorageError
 from renderq.core.events import Accepted, Escalated, Regenerating
-from renderq.core.ledger import Ledger
+from renderq.core.ledger import Ledger, LedgerRow
 from renderq.core.protocols import Executor, Scorer
 from renderq.core.scheduler import Scheduler
 from renderq.core.seeds import MAX_SEED, seed_for
 from renderq.core.settings import Batching, ModelSpec, QASettings, key_for, make_policy
-from renderq.core.types import Batch, Request, Stage
+from renderq.core.types import Batch, BatchKind, Request, Stage
 from renderq.jobs.prompts import PromptSpec, file_digest, generated_id, read_prompts
 from renderq.jobs.summary import Progress, RunSummary, summarise
 from renderq.jobs.workers import check_backend, check_prices, load_scorer, scorer_load, start_pool
 from renderq.output.dataset import METADATA, REVIEW, DatasetWriter, attempt_file_name
-from renderq.runtime.realtime import LedgerRow, RealtimeEngine, Step
+from renderq.runtime.realtime import RealtimeEngine, Step
 from renderq.store.lock import FolderLock
 from renderq.store.sqlite import (
     AttemptRow,
@@ -198,9 +198,9 @@ class JobListener:
 
     def _count(self, step: Step) -> None:
         p = self.progress
-        if step.kind == "lost" and step.batch is not None:
+        if step.kind is BatchKind.LOST and step.batch is not None:
             p.rendering -= step.batch.size  # queued again; counted when it starts again
-        if step.kind == "render" and step.batch is not None:
+        if step.kind is BatchKind.RENDER and step.batch is not None:
             p.rendering -= step.batch.size
             p.rendered += sum(1 for it in (step.render.items if step.render else ()) if it.ok)
         for ev in step.events:

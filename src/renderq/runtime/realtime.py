@@ -32,13 +32,20 @@ from typing import Any, Protocol
 
 from renderq.core.errors import ConfigError, WorkerLost
 from renderq.core.events import Admission, Event, ToScore
-from renderq.core.ledger import Ledger
+from renderq.core.ledger import Ledger, LedgerRow
 from renderq.core.protocols import Executor, Scorer
 from renderq.core.scheduler import Scheduler
 from renderq.core.score_stage import ScoreJob, ScoreStage, score_cap
-from renderq.core.types import Batch, BatchResult, ItemResult, Request, ScoreResult
+from renderq.core.types import (
+    Batch,
+    BatchKind,
+    BatchResult,
+    ItemResult,
+    Request,
+    ScoreResult,
+    Stage,
+)
 
-LedgerRow = tuple[str, str, float]
 """A ledger booking: ``(stage, device_class, seconds)``."""
 
 
@@ -55,7 +62,7 @@ class Step:
     hand-offs either side (what a simulator must hold a worker for).
     """
 
-    kind: str
+    kind: BatchKind
     events: tuple[Event, ...]
     ledger: tuple[LedgerRow, ...]
     batch: Batch | None = None
@@ -272,7 +279,9 @@ class RealtimeEngine:
                 self.scoring.add(ev.request, ev.image)
         rows = _delta(before, self.scheduler.ledger)
         held = self.now() - self._sent.pop(batch.id, self.now())
-        self.listener.step(Step("render", events, rows, batch=batch, render=result, held_s=held))
+        self.listener.step(
+            Step(BatchKind.RENDER, events, rows, batch=batch, render=result, held_s=held)
+        )
 
     def _on_lost(
         self, batch: Batch, seconds: float, error: str, worker: tuple[int, int], died: bool
@@ -291,7 +300,7 @@ class RealtimeEngine:
         self.scheduler.on_lost(batch.id, self.now(), seconds, dc)
         rows = _delta(before, self.scheduler.ledger)
         self._sent.pop(batch.id, None)
-        self.listener.step(Step("lost", (), rows, batch=batch))
+        self.listener.step(Step(BatchKind.LOST, (), rows, batch=batch))
         index, streak = worker
         if streak > MAX_LOSSES:
             self._workers[dc] -= 1
@@ -313,7 +322,7 @@ class RealtimeEngine:
         images = dict(zip(ids, job.images, strict=True))
         self.listener.step(
             Step(
-                "score",
+                BatchKind.SCORE,
                 events,
                 rows,
                 scored=tuple(job.requests),
@@ -384,5 +393,5 @@ def _delta(before: Mapping[tuple[Any, str], float], ledger: Ledger) -> tuple[Led
     for (stage, dev), secs in ledger.entries.items():
         added = secs - before.get((stage, dev), 0.0)
         if added > 0:
-            rows.append((str(stage.value if hasattr(stage, "value") else stage), dev, added))
+            rows.append(LedgerRow(Stage(stage), dev, added))
     return tuple(rows)

@@ -21,15 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from renderq.core.events import Event
-from renderq.core.ledger import shares_by
+from renderq.core.ledger import LedgerRow, shares_by
 from renderq.core.seeds import seed_for
 from renderq.core.settings import DEFAULT_SCORER
-from renderq.core.types import Batch, BatchKey, Request
+from renderq.core.types import Batch, BatchKey, BatchKind, Request
 from renderq.core.windows import Windows
 from renderq.jobs.runner import STORE_NAME, JobListener, restore_ledger, resume_points
 from renderq.jobs.summary import Progress
 from renderq.output.dataset import DatasetWriter, atomic_write_text
-from renderq.runtime.realtime import LedgerRow, Step
+from renderq.runtime.realtime import Step
 from renderq.store.sqlite import JobStore, PromptRow
 
 SEP = ":"
@@ -288,18 +288,18 @@ class JobBook:
 
 
 def job_shares(
-    requests: Sequence[Request], seconds: float, kind: str, device_class: str
+    requests: Sequence[Request], seconds: float, kind: BatchKind, device_class: str
 ) -> dict[str, tuple[LedgerRow, ...]]:
     """Each job's share of a render or score batch's device-seconds, as ledger rows.
 
     The split is the ledger's own (``core.ledger.shares_by``): by head count, first
     attempts and retries apart; interactive requests count but belong to no job.
     """
-    if not requests or seconds <= 0 or kind not in ("render", "score"):
+    if not requests or seconds <= 0 or kind is BatchKind.LOST:
         return {}
     split = shares_by(((r.job or None, r.attempt) for r in requests), seconds, kind)
     return {
-        job: tuple((stage.value, device_class, s) for stage, s in stages.items())
+        job: tuple(LedgerRow(stage, device_class, s) for stage, s in stages.items())
         for job, stages in split.items()
     }
 

@@ -33,7 +33,7 @@ from renderq.core.qa import QAPolicy
 from renderq.core.scheduler import Scheduler
 from renderq.core.settings import key_for, make_policy
 from renderq.core.stats import percentile
-from renderq.core.types import TERMINAL, Batch, BatchKey, Request, RequestState
+from renderq.core.types import TERMINAL, Batch, BatchKey, BatchKind, Request, RequestState
 from renderq.runtime.realtime import RealtimeEngine, Step
 from renderq.service.config import ServiceConfig
 from renderq.service.jobs import SEP, JobBook, ServiceJob, job_shares
@@ -659,9 +659,9 @@ class RenderService:
             found = self._tenants[tenant] = _Stats()
         return found
 
-    def _book_tenants(self, reqs: Sequence[Request], seconds: float, kind: str) -> None:
+    def _book_tenants(self, reqs: Sequence[Request], seconds: float, kind: BatchKind) -> None:
         """Each tenant's share of a batch's device-seconds, split as the ledger splits it."""
-        if not reqs or seconds <= 0 or kind not in ("render", "score"):
+        if not reqs or seconds <= 0 or kind is BatchKind.LOST:
             return
         for tenant, stages in shares_by(
             ((r.tenant, r.attempt) for r in reqs), seconds, kind

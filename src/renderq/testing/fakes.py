@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from renderq.core.types import Batch, BatchResult, ItemResult, ScoreResult
+from renderq.core.types import Batch, BatchKind, BatchResult, ItemResult, ScoreResult
 
 
 @dataclass(slots=True)
@@ -84,8 +84,8 @@ class RecordingListener:
         """Each render and score batch that came back: ``(kind, ((id, attempt), ...))``."""
         out = []
         for st in self.steps:
-            reqs: Iterable[Any] = st.batch.requests if st.kind == "render" else st.scored
-            if st.kind in ("render", "score"):
+            reqs: Iterable[Any] = st.batch.requests if st.kind is BatchKind.RENDER else st.scored
+            if st.kind is not BatchKind.LOST:
                 out.append((st.kind, tuple((r.id, r.attempt) for r in reqs)))
         return out
 
