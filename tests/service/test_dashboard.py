@@ -73,6 +73,7 @@ def test_stats_count_a_waiting_bulk_job_as_queued_and_show_its_progress(
     assert (mine["queued"], mine["bulk_waiting"], mine["jobs"]) == (40, 34, [row])
     other = service.stats("someone", admin=False)
     assert (other["queued"], other["bulk_waiting"], other["jobs"]) == (0, 0, [])
+    assert b"renderq_bulk_waiting 34.0" in service.metrics_text()
     service.drain(timeout_s=30)
 
 

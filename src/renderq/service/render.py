@@ -730,6 +730,7 @@ class RenderService:
     def _refresh_gauges(self, now: float) -> None:
         sched = self._scheduler()
         self.metrics.set_queue_depths({k.label(): n for k, n in sched.queue_depths().items()})
+        self.metrics.bulk_waiting.set(sum(len(b) for b in self._backlog.values()))
         if self._executor is not None:
             dev = self._executor.device_class
             self.metrics.latency_scale.labels(device_class=dev).set(sched.latency_scale(dev))
