@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import APIRouter, Depends, Query
@@ -105,21 +106,19 @@ def gallery(
         for row in job_rows(j.store, j.id, j.tenant):
             if outcome is None or row["outcome"] == outcome:
                 rows.append(row)
-    for row in rows:
+    folders = {j.id: j.folder for j in ordered}
+    page = rows[:limit]
+    for row in page:  # image names relative to the gallery's file route; None if not kept
         for a in row["attempts"]:
-            kept = a["image"] is not None and (_folder(ordered, row["job"]) / a["image"]).is_file()
+            kept = a["image"] is not None and (folders[row["job"]] / a["image"]).is_file()
             a["image"] = f"{row['job']}/{a['image']}" if kept else None
     return {
         "jobs": [{"id": j.id, "tenant": j.tenant, "state": j.state} for j in ordered],
         "outcomes": list(OUTCOMES),
         "interactive_kept": False,
         "total": len(rows),
-        "rows": rows[:limit],
+        "rows": page,
     }
-
-
-def _folder(jobs: list[ServiceJob], job_id: str) -> Any:
-    return next(j.folder for j in jobs if j.id == job_id)
 
 
 def gallery_router(service: RenderService, tenant: Callable[..., Any]) -> APIRouter:
@@ -166,7 +165,7 @@ def gallery_router(service: RenderService, tenant: Callable[..., Any]) -> APIRou
     def image(job_id: str, name: str, who: str = who_is) -> Response:
         """An accepted or kept attempt image of a job the caller may see."""
 
-        def folder(now: float) -> Any:
+        def folder(now: float) -> Path:
             found = next((j for j in visible(who) if j.id == job_id), None)
             if found is None:
                 raise JobNotFound(job_id)
