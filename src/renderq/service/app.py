@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from renderq import __version__
 from renderq.core.errors import ConfigError
+from renderq.service.gallery import gallery_router
 from renderq.service.jobs import JobNotFound
 from renderq.service.render import ImageResult, Refused, RenderService
 from renderq.service.review import service_review_router
@@ -302,6 +303,7 @@ def create_app(service: RenderService) -> FastAPI:
         return HTMLResponse(page)
 
     app.include_router(service_review_router(service, tenant))
+    app.include_router(gallery_router(service, tenant))
     _ = JobPrompt  # documented in the schema through JobCreate
     return app
 

@@ -37,9 +37,11 @@ from renderq.core.types import TERMINAL, Batch, BatchKey, BatchKind, Request, Re
 from renderq.runtime.realtime import RealtimeEngine, Step
 from renderq.service.config import ServiceConfig
 from renderq.service.jobs import SEP, JobBook, ServiceJob, job_shares
-from renderq.service.metrics import Metrics
+from renderq.service.metrics import Metrics, recent_series
 
 INTERACTIVE_PRIORITY = 10
+DASHBOARD_JOBS = 20
+"""How many jobs ``/v1/stats`` lists (unfinished first, then the newest)."""
 DRAINING = "the service is shutting down; retry elsewhere"
 
 
@@ -127,6 +129,12 @@ class _Stats:
 
     latencies: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
     batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=100))
+    #: ``(time, latency)`` of each image's final answer (latency None for bulk prompts),
+    #: for the dashboard's charts; enough for the chart window at a few hundred images/s.
+    finished: deque[tuple[float, float | None]] = field(
+        default_factory=lambda: deque(maxlen=100_000)
+    )
+    refusals: dict[str, int] = field(default_factory=dict)
     served: int = 0
     rejected: int = 0
     accepted: int = 0
@@ -338,8 +346,11 @@ class RenderService:
     ) -> None:
         self.metrics.rejections.labels(reason=reason).inc()
         self._stats.rejected += 1
+        self._stats.refusals[reason] = self._stats.refusals.get(reason, 0) + 1
         if tenant is not None:
-            self._tenant(tenant).rejected += 1
+            mine = self._tenant(tenant)
+            mine.rejected += 1
+            mine.refusals[reason] = mine.refusals.get(reason, 0) + 1
         raise Refused(status, reason, detail, retry)
 
     # -- bulk jobs --------------------------------------------------------------------
@@ -540,6 +551,10 @@ class RenderService:
         if not isinstance(ev, Accepted | Escalated | Cancelled):
             return
         o = self._out.get(ev.request.id)
+        if not isinstance(ev, Cancelled):
+            waited = now - o.submitted if o is not None and o.answer is not None else None
+            self._stats.finished.append((now, waited))
+            self._tenant(ev.request.tenant).finished.append((now, waited))
         if isinstance(ev, Accepted):
             self._tenant(ev.request.tenant).accepted += 1
             skipped = o is not None and not o.qa
@@ -601,33 +616,43 @@ class RenderService:
             return {"ready": False, "load_error": self.load_error}
         if admin or tenant is None:
             return dict(self._call(self._stats_now).result(timeout=10))
-        return dict(self._call(lambda now: self._tenant_stats(tenant)).result(timeout=10))
+        return dict(self._call(lambda now: self._tenant_stats(tenant, now)).result(timeout=10))
 
     def _stats_now(self, now: float) -> dict[str, Any]:
         sched = self._scheduler()
         depths = {k.label(): n for k, n in sched.queue_depths().items()}
         self.metrics.set_queue_depths(depths)
         lat = self._stats.latencies
+        waiting = sum(len(b) for b in self._backlog.values())
+        self.metrics.bulk_waiting.set(waiting)
         return {
             "ready": True,
             "draining": self.draining,
             "scope": "all",
             "queue_depth": depths,
-            "queued": sum(depths.values()),
+            # Bulk prompts waiting in their jobs' backlogs are queued work too.
+            "queued": sum(depths.values()) + waiting,
+            "bulk_waiting": waiting,
             "running_batches": len(sched.running_batches()),
             "recent_batch_sizes": list(self._stats.batch_sizes),
             "latency_p50_s": percentile(lat, 50),
             "latency_p99_s": percentile(lat, 99),
             "served": self._stats.served,
             "rejected": self._stats.rejected,
+            "refusals": dict(sorted(self._stats.refusals.items())),
+            "series": recent_series(self._stats.finished, now),
+            "jobs": self._job_progress(None),
             "capacity_images_per_s": self.capacity,
             "ledger": sched.ledger.report().to_dict(),
-            "tenants": {t: self._tenant_stats(t) for t in sorted(self._tenants)},
+            "tenants": {t: self._tenant_stats(t, now) for t in sorted(self._tenants)},
         }
 
-    def _tenant_stats(self, tenant: str) -> dict[str, Any]:
+    def _tenant_stats(self, tenant: str, now: float) -> dict[str, Any]:
         """One tenant's view: its own queued and running work, and its share of the ledger."""
         sched = self._scheduler()
+        waiting = sum(
+            len(b) for job_id, b in self._backlog.items() if self.jobs.jobs[job_id].tenant == tenant
+        )
         depths: dict[str, int] = {}
         for rid, o in self._out.items():
             if o.tenant == tenant and sched.state(rid) is RequestState.QUEUED:
@@ -642,16 +667,42 @@ class RenderService:
             "draining": self.draining,
             "scope": tenant,
             "queue_depth": depths,
-            "queued": sum(depths.values()),
+            "queued": sum(depths.values()) + waiting,
+            "bulk_waiting": waiting,
             "running_batches": running,
             "recent_batch_sizes": list(mine.batch_sizes),
             "latency_p50_s": percentile(mine.latencies, 50),
             "latency_p99_s": percentile(mine.latencies, 99),
             "served": mine.served,
             "rejected": mine.rejected,
+            "refusals": dict(sorted(mine.refusals.items())),
+            "series": recent_series(mine.finished, now),
+            "jobs": self._job_progress(tenant),
             "capacity_images_per_s": self.capacity,
             "ledger": mine.ledger(),
         }
+
+    def _job_progress(self, tenant: str | None) -> list[dict[str, Any]]:
+        """The dashboard's job rows (``tenant``'s, or all): unfinished first, then newest.
+
+        ``escalated`` counts every prompt that failed the gate and is not accepted (a
+        reviewer's rejections and edits included); ``waiting`` the prompts still in the
+        job's backlog, not yet in the queue.
+        """
+        jobs = [j for j in self.jobs.jobs.values() if tenant is None or j.tenant == tenant]
+        jobs.sort(key=lambda j: (j.state in ("done", "cancelled"), -float(j.meta["created"])))
+        rows = []
+        for job in jobs[:DASHBOARD_JOBS]:
+            counts = job.store.counts()
+            accepted, pending = counts.get("accepted", 0), counts.get("pending", 0)
+            escalated = sum(counts.get(s, 0) for s in ("escalated", "rejected", "edited"))
+            rows.append({
+                "id": job.id, "tenant": job.tenant, "state": job.state,
+                "mode": str(job.meta["mode"]), "total": len(job.rows), "accepted": accepted,
+                "escalated": escalated, "pending": pending,
+                "waiting": len(self._backlog.get(job.id, ())),
+            })  # fmt: skip
+        return rows
 
     def _tenant(self, tenant: str) -> _Stats:
         found = self._tenants.get(tenant)
@@ -679,6 +730,7 @@ class RenderService:
     def _refresh_gauges(self, now: float) -> None:
         sched = self._scheduler()
         self.metrics.set_queue_depths({k.label(): n for k, n in sched.queue_depths().items()})
+        self.metrics.bulk_waiting.set(sum(len(b) for b in self._backlog.values()))
         if self._executor is not None:
             dev = self._executor.device_class
             self.metrics.latency_scale.labels(device_class=dev).set(sched.latency_scale(dev))
