@@ -81,3 +81,26 @@ def test_the_command_refuses_a_folder_that_is_not_a_run(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []  # no lock file left behind
     empty = CliRunner().invoke(app, ["review", str(tmp_path), "--reviewer", " "])
     assert empty.exit_code == 2 and "--reviewer must not be empty" in empty.output
+
+
+def test_the_folders_gallery_shows_each_prompts_attempts_and_filters(escalated: Path) -> None:
+    from renderq.service.gallery import local_app
+
+    out = escalated / "out"
+    with TestClient(local_app(out, "ana")) as c:
+        assert "renderq" in c.get("/gallery/").text
+        g = c.get("/v1/gallery").json()
+        assert g["jobs"] == [{"id": "out", "tenant": "local", "state": "done"}]
+        assert [r["id"] for r in g["rows"]] == [f"p{i:06d}" for i in range(4)]
+        assert {r["outcome"] for r in g["rows"]} == {"escalated"}
+        with review.open_store(out) as store:
+            tries = store.attempts_of("p000000")
+        first = g["rows"][0]
+        assert [a["seed"] for a in first["attempts"]] == [str(t.seed) for t in tries]
+        img = c.get("/v1/gallery/files/" + first["attempts"][0]["image"])
+        assert img.status_code == 200 and img.content[:4] == b"\x89PNG"
+        assert c.get("/v1/gallery?outcome=accepted").json()["rows"] == []
+        assert c.get("/v1/gallery?outcome=maybe").status_code == 400
+        assert c.get("/v1/gallery?job=other").status_code == 404
+        assert c.get("/v1/gallery/files/other/review/p000000-0.png").status_code == 404
+        assert c.get("/api").status_code == 200  # the review page is still there

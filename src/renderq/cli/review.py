@@ -33,7 +33,7 @@ def review_command(
         import uvicorn
 
         from renderq.jobs.review import open_store
-        from renderq.service.review import review_app
+        from renderq.service.gallery import local_app
     except ImportError as exc:
         raise typer.BadParameter(
             f"review needs the serve extra: pip install 'renderq[serve]' ({exc})"
@@ -52,4 +52,4 @@ def review_command(
                    "has no login", err=True)  # fmt: skip
     typer.echo(f"renderq review: {waiting} prompt(s) of {out} await review at "
                f"http://{host}:{port}/ (Ctrl-C stops)", err=True)  # fmt: skip
-    uvicorn.run(review_app(out, who), host=host, port=port, log_level="warning")
+    uvicorn.run(local_app(out, who), host=host, port=port, log_level="warning")

@@ -23,12 +23,12 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, FastAPI, Query
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from renderq.output.dataset import attempt_file_name
 from renderq.service.jobs import JobNotFound
-from renderq.service.review import image_response
+from renderq.service.review import image_response, review_app
 
 if TYPE_CHECKING:
     from renderq.service.jobs import ServiceJob
@@ -107,18 +107,78 @@ def gallery(
             if outcome is None or row["outcome"] == outcome:
                 rows.append(row)
     folders = {j.id: j.folder for j in ordered}
+    jobs_seen = [{"id": j.id, "tenant": j.tenant, "state": j.state} for j in ordered]
+    return _page(rows, folders, jobs_seen, limit)
+
+
+def _page(
+    rows: list[dict[str, Any]],
+    folders: dict[str, Path],
+    jobs: list[dict[str, Any]],
+    limit: int,
+) -> dict[str, Any]:
     page = rows[:limit]
     for row in page:  # image names relative to the gallery's file route; None if not kept
         for a in row["attempts"]:
             kept = a["image"] is not None and (folders[row["job"]] / a["image"]).is_file()
             a["image"] = f"{row['job']}/{a['image']}" if kept else None
     return {
-        "jobs": [{"id": j.id, "tenant": j.tenant, "state": j.state} for j in ordered],
+        "jobs": jobs,
         "outcomes": list(OUTCOMES),
         "interactive_kept": False,
         "total": len(rows),
         "rows": page,
     }
+
+
+def folder_gallery(out: Path, outcome: str | None, limit: int) -> dict[str, Any]:
+    """The gallery of one ``renderq run`` folder: its prompts as one job named like it."""
+    from renderq.jobs.review import open_store
+
+    with open_store(out) as store:
+        rows = [
+            r for r in job_rows(store, out.name, "local")
+            if outcome is None or r["outcome"] == outcome
+        ]  # fmt: skip
+        pending = store.counts().get("pending", 0)
+    jobs = [{"id": out.name, "tenant": "local", "state": "running" if pending else "done"}]
+    return _page(rows, {out.name: out}, jobs, limit)
+
+
+def folder_gallery_router(out: Path) -> APIRouter:
+    """The gallery's routes over run folder ``out`` (``renderq review OUT`` serves them)."""
+    router = APIRouter()
+
+    @router.get("/gallery/", response_class=HTMLResponse, include_in_schema=False)
+    def page() -> HTMLResponse:
+        """The gallery page."""
+        text = resources.files("renderq.service").joinpath("gallery.html").read_text()
+        return HTMLResponse(text)
+
+    @router.get("/v1/gallery")
+    def state(
+        job: str | None = Query(default=None, description="The folder's name (one job)."),
+        outcome: str | None = Query(default=None, description="accepted, regenerated, …"),
+        limit: int = Query(default=200, ge=1, le=2000),
+    ) -> JSONResponse:
+        """The folder's prompts, a prompt's attempts on one row."""
+        if outcome is not None and outcome not in OUTCOMES:
+            detail = f"outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}"
+            return JSONResponse({"error": "invalid_request", "detail": detail}, status_code=400)
+        if job is not None and job != out.name:
+            detail = f"no job {job!r} here; this folder's is {out.name!r}"
+            return JSONResponse({"error": "not_found", "detail": detail}, status_code=404)
+        return JSONResponse({"scope": "local", **folder_gallery(out, outcome, limit)})
+
+    @router.get("/v1/gallery/files/{job_id}/{name:path}", include_in_schema=False)
+    def image(job_id: str, name: str) -> Response:
+        """An accepted or kept attempt image of the folder."""
+        if job_id != out.name:
+            detail = f"no job {job_id!r} here"
+            return JSONResponse({"error": "not_found", "detail": detail}, status_code=404)
+        return image_response(out, name)
+
+    return router
 
 
 def gallery_router(service: RenderService, tenant: Callable[..., Any]) -> APIRouter:
@@ -184,3 +244,13 @@ def gallery_router(service: RenderService, tenant: Callable[..., Any]) -> APIRou
         return Response(data, media_type=media, headers={"Cache-Control": "max-age=3600"})
 
     return router
+
+
+def local_app(out: Path, reviewer: str) -> FastAPI:
+    """What ``renderq review OUT`` serves: the review page at ``/``, the gallery at ``/gallery/``.
+
+    Here the gallery's "dashboard" link leads back to the review page.
+    """
+    app = review_app(out, reviewer)
+    app.include_router(folder_gallery_router(out))
+    return app
