@@ -149,11 +149,9 @@ def folder_gallery_router(out: Path) -> APIRouter:
     """The gallery's routes over run folder ``out`` (``renderq review OUT`` serves them)."""
     router = APIRouter()
 
-    @router.get("/gallery/", response_class=HTMLResponse, include_in_schema=False)
-    def page() -> HTMLResponse:
-        """The gallery page."""
-        text = resources.files("renderq.service").joinpath("gallery.html").read_text()
-        return HTMLResponse(text)
+    router.add_api_route(
+        "/gallery/", gallery_page, response_class=HTMLResponse, include_in_schema=False
+    )
 
     @router.get("/v1/gallery")
     def state(
@@ -163,8 +161,7 @@ def folder_gallery_router(out: Path) -> APIRouter:
     ) -> JSONResponse:
         """The folder's prompts, a prompt's attempts on one row."""
         if outcome is not None and outcome not in OUTCOMES:
-            detail = f"outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}"
-            return JSONResponse({"error": "invalid_request", "detail": detail}, status_code=400)
+            return bad_outcome(outcome)
         if job is not None and job != out.name:
             detail = f"no job {job!r} here; this folder's is {out.name!r}"
             return JSONResponse({"error": "not_found", "detail": detail}, status_code=404)
@@ -181,6 +178,17 @@ def folder_gallery_router(out: Path) -> APIRouter:
     return router
 
 
+def gallery_page() -> HTMLResponse:
+    """The gallery page (one HTML file served by the package)."""
+    return HTMLResponse(resources.files("renderq.service").joinpath("gallery.html").read_text())
+
+
+def bad_outcome(outcome: str) -> JSONResponse:
+    """The 400 answer to an outcome filter the gallery does not know, naming it."""
+    detail = f"outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}"
+    return JSONResponse({"error": "invalid_request", "detail": detail}, status_code=400)
+
+
 def gallery_router(service: RenderService, tenant: Callable[..., Any]) -> APIRouter:
     """The gallery's routes over ``service``; ``tenant`` is the auth dependency."""
     router = APIRouter()
@@ -194,11 +202,9 @@ def gallery_router(service: RenderService, tenant: Callable[..., Any]) -> APIRou
         # Job stores are written on the engine's loop thread; read them there too.
         return service._call(fn).result(timeout=60)
 
-    @router.get("/gallery/", response_class=HTMLResponse, include_in_schema=False)
-    def page() -> HTMLResponse:
-        """The gallery page."""
-        text = resources.files("renderq.service").joinpath("gallery.html").read_text()
-        return HTMLResponse(text)
+    router.add_api_route(
+        "/gallery/", gallery_page, response_class=HTMLResponse, include_in_schema=False
+    )
 
     @router.get("/v1/gallery")
     def state(
@@ -209,8 +215,7 @@ def gallery_router(service: RenderService, tenant: Callable[..., Any]) -> APIRou
     ) -> JSONResponse:
         """The caller's recent bulk renders, a prompt's attempts on one row."""
         if outcome is not None and outcome not in OUTCOMES:
-            detail = f"outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}"
-            return JSONResponse({"error": "invalid_request", "detail": detail}, status_code=400)
+            return bad_outcome(outcome)
 
         def read(now: float) -> dict[str, Any]:
             mine = visible(who)
