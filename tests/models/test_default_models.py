@@ -106,7 +106,9 @@ def test_batch_gives_each_prompt_its_own_image(pipe: Any) -> None:
     batch = _render(pipe, PROMPTS, seeds)
     for i, (prompt, seed) in enumerate(zip(PROMPTS, seeds, strict=True)):
         alone = _render(pipe, [prompt], [seed])[0]
-        assert np.abs(batch[i] - alone).max() <= 1e-4
+        # float32 sums run in another order in a batch; the bound is an eighth of one
+        # uint8 level (1/255), so the saved images are the same.
+        assert np.abs(batch[i] - alone).max() <= 5e-4
 
 
 @pytest.mark.slow

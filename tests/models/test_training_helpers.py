@@ -199,3 +199,15 @@ def test_rendered_batch_captions_matched_renders_by_reading_or_by_prompt() -> No
         assert set(picked) == {0, 1}
     with pytest.raises(ValueError, match="'both'"):
         clip_gate._rendered_batch(data, random.Random(0), 1, "both")
+
+
+def test_latent_sets_of_other_shapes_are_cached_apart(tmp_path: Path) -> None:
+    from renderq.models.shapes import unet_train
+
+    default = unet_train.latent_cache(tmp_path)
+    assert default == tmp_path / "unet" / "latents.pt"  # the set earlier releases cached
+    other = unet_train.latent_cache(tmp_path, 0.5, 40_000)
+    assert other.name == "latents-40000-two50.pt"
+    assert len({default, other, unet_train.latent_cache(tmp_path, 0.5)}) == 3
+    with pytest.raises(ValueError, match="chunks of 500"):
+        unet_train.build_latent_dataset(tmp_path, 0.3, 1234)

@@ -49,6 +49,10 @@ def _train(args: argparse.Namespace) -> None:
                 unet_kwargs["lr"] = args.lr
             if args.warmup is not None:
                 unet_kwargs["warmup"] = args.warmup
+            if args.two_shape_share is not None:
+                unet_kwargs["two_shape_share"] = args.two_shape_share
+            if args.dataset_size is not None:
+                unet_kwargs["dataset_size"] = args.dataset_size
             init = Path(args.init_from) if args.init_from else None
             train_unet(checkpoints, resume=not args.fresh, init_from=init, **unet_kwargs)
     if args.stage == "all":
@@ -91,7 +95,7 @@ def _train_gate(args: argparse.Namespace, checkpoints: Path) -> None:
         steps=GATE_STEPS if args.steps is None else args.steps,
         render_steps=RENDER_STEPS if args.render_steps is None else args.render_steps,
         rendered_share=args.rendered_share,
-        two_shape_share=args.two_shape_share,
+        two_shape_share=0.3 if args.two_shape_share is None else args.two_shape_share,
         matched_caption=args.matched_caption,
         resume=not args.fresh,
         **({} if args.lr is None else {"lr": args.lr}),
@@ -151,8 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument(
         "--two-shape-share",
         type=float,
-        default=0.3,
-        help="share of world images with two shapes (clip-gate)",
+        default=None,
+        help="share of world images with two shapes (unet's latent set, clip-gate; default 0.3)",
     )
     train.add_argument(
         "--matched-caption",
@@ -170,6 +174,9 @@ def main(argv: list[str] | None = None) -> None:
         "--render-lr", type=float, default=None, help="peak learning rate (clip-gate part 2)"
     )
     train.add_argument("--warmup", type=int, default=None, help="warm-up steps (unet)")
+    train.add_argument(
+        "--dataset-size", type=int, default=None, help="world images in the latent set (unet)"
+    )
     train.add_argument(
         "--out", default=str(common.WEIGHTS_DIR), help="where --stage all builds the weights"
     )

@@ -22,6 +22,9 @@ UNET_SEED = 3
 DATASET_SIZE = 20_000
 """World images encoded once into the latent training set."""
 
+TWO_SHAPE_SHARE = 0.3
+"""Default share of two-shape scenes in the latent training set (the world's own share)."""
+
 CAPTION_DROPOUT = 0.1
 """Share of training captions replaced by the empty prompt."""
 
@@ -74,13 +77,31 @@ def encode_prompts(text_encoder: Any, tok: Any, prompts: list[str]) -> Any:
         return torch.cat([text_encoder(chunk)[0] for chunk in ids.split(512)])
 
 
-def build_latent_dataset(checkpoints: Path) -> dict[str, Any]:
-    """Encode ``DATASET_SIZE`` world images and their captions; cached under ``checkpoints``."""
+def latent_cache(
+    checkpoints: Path, two_shape_share: float = TWO_SHAPE_SHARE, size: int = DATASET_SIZE
+) -> Path:
+    """Where the latent set of ``size`` images, ``two_shape_share`` of two shapes, is cached."""
+    if abs(two_shape_share - TWO_SHAPE_SHARE) < 1e-9 and size == DATASET_SIZE:
+        return checkpoints / "unet" / "latents.pt"
+    return checkpoints / "unet" / f"latents-{size}-two{round(100 * two_shape_share):02d}.pt"
+
+
+def build_latent_dataset(
+    checkpoints: Path, two_shape_share: float = TWO_SHAPE_SHARE, size: int = DATASET_SIZE
+) -> dict[str, Any]:
+    """Encode ``size`` world images and their captions; cached under ``checkpoints``.
+
+    ``two_shape_share`` of the scenes hold two shapes; each caption is in a random form.
+    The stream is seeded, so the defaults give the same set as before these options
+    existed, and a larger ``size`` starts with the smaller set's images.
+    """
     import torch
     from diffusers import AutoencoderKL
     from transformers import CLIPTextModel, CLIPTokenizer
 
-    path = checkpoints / "unet" / "latents.pt"
+    if size % 500:
+        raise ValueError(f"the latent set is encoded in chunks of 500; got {size}")
+    path = latent_cache(checkpoints, two_shape_share, size)
     cached = common.load_checkpoint(path)
     if cached is not None:
         return cached
@@ -91,8 +112,8 @@ def build_latent_dataset(checkpoints: Path) -> dict[str, Any]:
     rng = random.Random(UNET_SEED)
     latents = []
     captions: list[str] = []
-    for _ in range(DATASET_SIZE // 500):
-        images, caps = common.world_batch(rng, 500)
+    for _ in range(size // 500):
+        images, caps = common.world_batch(rng, 500, two_shape_share)
         with torch.no_grad():
             latents.append(vae.encode(images).latent_dist.mean * vae.config.scaling_factor)
         captions += caps
@@ -126,17 +147,21 @@ def train_unet(
     lr: float = 1e-3,
     init_from: Path | None = None,
     warmup: int = 200,
+    two_shape_share: float = TWO_SHAPE_SHARE,
+    dataset_size: int = DATASET_SIZE,
 ) -> Path:
     """Train (or resume) the UNet; the EMA weights go to ``checkpoints/export/unet``.
 
     ``init_from`` (a ``UNet2DConditionModel`` folder, for example the shipped
     ``weights/mini-sd/unet``) warm-starts a run that has no checkpoint yet: model and
     average start from those weights, the optimizer and schedule from step 0.
+    ``two_shape_share`` and ``dataset_size`` shape the latent set (see
+    :func:`build_latent_dataset`).
     """
     import torch
     from diffusers import DDPMScheduler
 
-    data = build_latent_dataset(checkpoints)
+    data = build_latent_dataset(checkpoints, two_shape_share, dataset_size)
     torch.manual_seed(UNET_SEED)
     unet = unet_model(int(data["embeddings"].shape[-1]))
     ema = copy.deepcopy(unet).requires_grad_(False)
