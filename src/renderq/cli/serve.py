@@ -11,9 +11,9 @@ import typer
 from renderq.core.errors import ConfigError
 
 DRAIN_S = 120
+"""Longest a SIGTERM waits for running batches and admitted requests before it stops."""
 SWITCH_INTERVAL_S = 0.0005
 """The GIL switch interval serve runs with (Python's default is 0.005 s)."""
-"""Longest a SIGTERM waits for running batches and admitted requests before it stops."""
 
 
 def serve_command(
