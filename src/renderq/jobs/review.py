@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from renderq.core.errors import ConfigError
-from renderq.jobs.runner import STORE_NAME, refresh_views
+from renderq.jobs.runner import STORE_NAME
+from renderq.jobs.views import refresh_views
 from renderq.output.dataset import DatasetWriter, attempt_file_name
 from renderq.store.lock import FolderLock
 from renderq.store.sqlite import Decision, JobStore, PromptRow
