@@ -87,3 +87,17 @@ def test_profile_command_on_tiny_models_writes_a_loadable_measured_profile(tmp_p
     assert prof.render_cap == 4 and (prof.width, prof.height) == (64, 64)
     assert prof.score.latency(4) > 0
     assert "cpu" in doc["source"]["note"]
+
+
+def test_profile_threads_are_checked_and_set_as_run_sets_them() -> None:
+    import torch
+
+    res = CliRunner().invoke(app, ["profile", "--threads", "-1"])
+    assert res.exit_code == 2 and "-1" in res.output
+    before = torch.get_num_threads()
+    try:
+        # A model that cannot load stops the command after the threads are set.
+        res = CliRunner().invoke(app, ["profile", "--threads", "1", "--model", "/nonexistent"])
+        assert res.exit_code != 0 and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

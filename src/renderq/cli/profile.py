@@ -44,9 +44,19 @@ def profile_command(
     step_level: Annotated[
         bool, typer.Option("--step-level", help="Time one denoising step by running-batch size.")
     ] = False,
+    threads: Annotated[
+        int, typer.Option(help="CPU threads for torch (0: the cores other work leaves free).")
+    ] = 0,
 ) -> None:
     """Time renders and scores at batch sizes 1, 2, 4, ... and write a measured profile."""
+    from renderq.backends.diffusers import free_cores, import_torch
     from renderq.bench.model_profile import ProfileSettings, profile_model
+
+    if threads < 0:
+        raise typer.BadParameter(f"--threads must be >= 0, got {threads}")
+    if threads > 0 or device == "cpu":
+        # As run does: a profile timed on an oversubscribed CPU prices every batch wrong.
+        import_torch().set_num_threads(threads if threads > 0 else free_cores())
 
     if step_level:
         _step_level(model, device, precision, steps, resolution, max_batch, repeats, warmup,
