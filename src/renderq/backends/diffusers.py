@@ -189,6 +189,17 @@ def free_cores() -> int:
     return max(1, int((cores or 1) - busy + 0.5))
 
 
+def set_cpu_threads(threads: int) -> int:
+    """Set torch's CPU threads: ``threads``, or with 0 the cores other work leaves free.
+
+    torch's default, a thread per core, oversubscribes a shared machine: its thread team
+    waits on the others' time slices and every booked second is inflated.
+    """
+    n = threads if threads > 0 else free_cores()
+    import_torch().set_num_threads(n)
+    return n
+
+
 @dataclass(slots=True)
 class _Split:
     """What one run learned about memory: the smallest size that failed, sizes that fitted."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -49,14 +49,13 @@ def profile_command(
     ] = 0,
 ) -> None:
     """Time renders and scores at batch sizes 1, 2, 4, ... and write a measured profile."""
-    from renderq.backends.diffusers import free_cores, import_torch
+    from renderq.backends.diffusers import set_cpu_threads
     from renderq.bench.model_profile import ProfileSettings, profile_model
 
     if threads < 0:
         raise typer.BadParameter(f"--threads must be >= 0, got {threads}")
     if threads > 0 or device == "cpu":
-        # As run does: a profile timed on an oversubscribed CPU prices every batch wrong.
-        import_torch().set_num_threads(threads if threads > 0 else free_cores())
+        set_cpu_threads(threads)  # as run does: an oversubscribed CPU misprices every batch
 
     if step_level:
         _step_level(model, device, precision, steps, resolution, max_batch, repeats, warmup,
@@ -77,6 +76,11 @@ def profile_command(
         table.add_column(col, justify="right")
     for (n, r), (_, sc) in zip(doc["render"]["points"], doc["score"]["points"], strict=True):
         table.add_row(str(n), f"{r:.4f}", f"{r / n:.4f}", f"{sc:.4f}", f"{sc / n:.4f}")
+    _emit(table, doc, out)
+
+
+def _emit(table: Table, doc: dict[str, Any], out: Path | None) -> None:
+    """Show the table on stderr; the profile JSON to stdout, or to ``out``."""
     Console(stderr=True).print(table)
     text = json.dumps(doc, indent=2)
     if out is None:
@@ -117,10 +121,4 @@ def _step_level(
         table.add_column(col, justify="right")
     for (n, st), (_, dec) in zip(doc["step"]["points"], doc["decode"]["points"], strict=True):
         table.add_row(str(n), f"{st:.4f}", f"{st / n:.4f}", f"{dec:.4f}")
-    Console(stderr=True).print(table)
-    text = json.dumps(doc, indent=2)
-    if out is None:
-        typer.echo(text)
-    else:
-        out.write_text(text + "\n")
-        typer.echo(f"wrote {out}")
+    _emit(table, doc, out)

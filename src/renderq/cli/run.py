@@ -93,7 +93,7 @@ def run(
     ),
 ) -> None:
     """Render every prompt, gate it with CLIP, regenerate failures, write a dataset."""
-    from renderq.backends.diffusers import free_cores, quiet_libraries
+    from renderq.backends.diffusers import quiet_libraries, set_cpu_threads
     from renderq.backends.pool import parse_devices
     from renderq.core.ledger import parse_prices
     from renderq.jobs.runner import RunSettings, run_job
@@ -131,9 +131,7 @@ def run(
         prices = parse_prices(price) if price else {}
         quiet_libraries()
         if threads > 0 or device == "cpu":
-            import torch
-
-            torch.set_num_threads(threads if threads > 0 else free_cores())
+            set_cpu_threads(threads)
         terminal = sys.stderr.isatty()
         shown = progress_for(terminal) if not (terminal and as_json) else ProgressLines(1e18)
         with shown as bar:

@@ -73,18 +73,13 @@ def serve_command(
     auth = f"{len(cfg.tokens)} API token(s)" if cfg.auth_enabled else "no auth (loopback only)"
     on = cfg.spec.device
     try:
-        from renderq.backends.diffusers import free_cores, quiet_libraries
+        from renderq.backends.diffusers import quiet_libraries, set_cpu_threads
     except ImportError:  # the null model needs no diffusers
         pass
     else:
         quiet_libraries()
         if cfg.spec.device == "cpu" and cfg.spec.model != "null":
-            import torch
-
-            # torch's default, a thread per core, oversubscribes a shared machine: its
-            # thread team waits on the others' time slices (and on the event loop's).
-            n = cfg.threads or free_cores()
-            torch.set_num_threads(n)
+            n = set_cpu_threads(cfg.threads)
             on = f"cpu ({n} torch thread{'s' if n > 1 else ''})"
     typer.echo(f"renderq serve: {cfg.spec.model} on {on}, {auth}, jobs in {cfg.data_dir}", err=True)
     # A thread woken by another (the engine by a request, the event loop by an answer, the
