@@ -36,7 +36,8 @@ class SimulatedExecutor:
     ``speed``: ``(t, factor)`` steps of the machine's speed over the run (a replayed run's
     own: each real batch's seconds over its size's median); a batch cut at time ``t``
     takes ``factor`` times as long, the factor of the last step at or before ``t`` (the
-    first step's before it).
+    first step's before it). A batch whose LoRA adapter differs from the previous batch's
+    takes the cost model's ``switch_s`` more, as a worker switching adapters does.
     """
 
     cost: StageCost
@@ -45,6 +46,9 @@ class SimulatedExecutor:
     jitter: float = 0.0
     speed: Sequence[tuple[float, float]] = ()
     _times: list[float] = field(default_factory=list, init=False, repr=False)
+    _adapter: str = field(default="", init=False, repr=False)
+    #: Adapter switches made so far.
+    switches: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         _check_fraction("jitter", self.jitter)
@@ -63,6 +67,10 @@ class SimulatedExecutor:
         seconds = self.cost.latency(batch.size) * self.slowdown(batch.created_at)
         if self.jitter:
             seconds *= 1.0 + self.rng.uniform(-self.jitter, self.jitter)
+        if batch.key.adapter != self._adapter:
+            seconds += self.cost.switch_s
+            self._adapter = batch.key.adapter
+            self.switches += 1
         items = tuple(ItemResult(r.id, image=r.id) for r in batch.requests)
         return BatchResult(batch.id, items, seconds, self.device_class)
 

@@ -200,13 +200,15 @@ def expected_finish(
     renders_per_request: float = 1.0,
     renders_sd: float = 0.0,
     retries: int = 0,
+    setup_s: float = 0.0,
 ) -> float:
     """When a request with ``ahead`` requests before it would finish, batches running full.
 
     ``renders_per_request`` and ``renders_sd`` (mean and standard deviation per request)
     price the regenerations of the queue ahead, ``QUEUE_Z`` deviations of their sum above
     the mean; ``retries`` the request's own (one batch each, as full as the queue would
-    make it).
+    make it). ``setup_s``: device time before the key's batches can start (a LoRA adapter
+    switch on a device that holds another), once: the key's batches run in turns.
     """
     spread = QUEUE_Z * renders_sd * math.sqrt(ahead)
     total = math.ceil(ahead * renders_per_request + spread) + 1
@@ -216,7 +218,7 @@ def expected_finish(
     # a queue deeper than one batch has its next batch running by then: the retry waits
     # for that batch and then rides in its own.
     waits = 2 if total > cap else 1
-    busy += retries * waits * latency(min(cap, total))
+    busy += retries * waits * latency(min(cap, total)) + setup_s
     return now + busy / workers
 
 
@@ -232,6 +234,7 @@ def admit(
     renders_per_request: float = 1.0,
     renders_sd: float = 0.0,
     retries: int = 0,
+    setup_s: float = 0.0,
 ) -> Admission:
     """The admission verdict for one request (pure); see :func:`expected_finish`."""
     limit = config.max_queue_per_key
@@ -252,6 +255,7 @@ def admit(
                 renders_per_request=renders_per_request,
                 renders_sd=renders_sd,
                 retries=retries,
+                setup_s=setup_s,
             )
             if finish > deadline:
                 wait = finish - now

@@ -101,6 +101,14 @@ class StageCost:
 
     curve: LatencyCurve
     memory: MemoryModel | None = None
+    #: Seconds a worker takes to make this key's LoRA adapter the active one when it holds
+    #: another (0: no adapters, or a switch too cheap to price); measured by
+    #: ``renderq profile --lora``. Admission and the fair order across keys price it.
+    switch_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.switch_s) or self.switch_s < 0:
+            raise ProfileError(f"an adapter switch must take >= 0 seconds, got {self.switch_s}")
 
     def cap(self) -> int:
         """The largest batch this stage can run: measured and fitting in memory."""
@@ -170,4 +178,4 @@ def _stage(data: Mapping[str, Any], device_bytes: float) -> StageCost:
             per_image_bytes=float(mem["per_image"]) * GIB,
             device_bytes=device_bytes,
         )
-    return StageCost(curve=curve, memory=memory)
+    return StageCost(curve=curve, memory=memory, switch_s=float(data.get("switch_s", 0.0)))

@@ -27,6 +27,7 @@ from renderq.core.events import (
     Regenerating,
     ToScore,
 )
+from renderq.core.fairness import MAX_SWITCH_SHARE, FairShare
 from renderq.core.ledger import Ledger
 from renderq.core.policies import Policy, QueueView, Window, Windows
 from renderq.core.qa import QAPolicy, Verdict
@@ -103,7 +104,11 @@ class Scheduler:
         default_cap: int = 64,
         admission: AdmissionConfig | None = None,
         ledger: Ledger | None = None,
+        fair_share: bool = True,
     ) -> None:
+        """``fair_share``: keys of equal priority share a device class by device time
+        (``core.fairness``); ``False`` serves them oldest head first (first in, first out
+        across keys), for measuring what fair share changes."""
         if default_cap < 1:
             raise ConfigError(f"default_cap must be >= 1, got {default_cap}")
         self.policy = policy
@@ -125,6 +130,11 @@ class Scheduler:
         self._renders = RenderStats()
         self._latency_scale: dict[str, float] = {}
         self._measured: set[str] = set()  # device classes a render batch came back from
+        self._fair: FairShare[_Lane] | None = FairShare() if fair_share else None
+        # The adapter of the last render batch cut per device class (what its worker
+        # holds), and the classes that have run an adapter at all.
+        self._adapter: dict[str, str] = {}
+        self._lora_classes: set[str] = set()
 
     # -- inspection ---------------------------------------------------------------------
 
@@ -230,6 +240,7 @@ class Scheduler:
             renders_per_request=ahead_mean,
             renders_sd=ahead_sd,
             retries=self.retries_to_price() if gated and priced else 0,
+            setup_s=self._switch_s(request.key) * scale if cost is not None else 0.0,
         )
         if not verdict.admitted:
             self._move(rec, _S.REJECTED)
@@ -256,26 +267,30 @@ class Scheduler:
     def schedule(self, now: float, free_workers: Mapping[str, int]) -> list[Batch]:
         """Cut the batches to start now, at most one per free worker of each device class.
 
-        Keys are served highest head priority first, then oldest head first; a key whose
-        policy says "wait" never holds back another key.
+        Keys are served highest head priority first; keys of equal priority by fair share
+        of their device class (``core.fairness``: the key charged the least device time so
+        far, or the one whose turn it is), then oldest head first. A key whose policy says
+        "wait" never holds back another key.
         """
         free = dict(free_workers)
         out: list[Batch] = []
         while True:
-            best: tuple[int, float, _Lane, int] | None = None
+            best: tuple[tuple[int, int, float, float], _Lane, int] | None = None
             for lane, q in self._queues.items():
-                if q.live == 0 or free.get(lane[0].device_class, 0) <= 0:
+                dc = lane[0].device_class
+                if q.live == 0 or free.get(dc, 0) <= 0:
                     continue
                 n = self._policy(lane).cut(self._view(lane, q), now)
                 if n <= 0:
                     continue
                 prio, oldest = self._head(q)
-                cand = (-prio, oldest, lane, n)
-                if best is None or cand[:2] < best[:2]:
-                    best = cand
+                fair = self._fair.rank(lane, dc, self._turn_s(lane[0])) if self._fair else (0, 0.0)
+                rank = (-prio, *fair, oldest)
+                if best is None or rank < best[0]:
+                    best = (rank, lane, n)
             if best is None:
                 return out
-            _, _, lane, n = best
+            _, lane, n = best
             out.append(self._cut(lane, n, now))
             free[lane[0].device_class] -= 1
 
@@ -430,6 +445,8 @@ class Scheduler:
 
     def _enqueue(self, rec: _Record, q: _KeyQueue, now: float) -> None:
         again = rec.state is not _S.NEW
+        if q.live == 0 and self._fair is not None:
+            self._fair.activate(_lane(rec.request), rec.request.key.device_class)
         self._move(rec, _S.QUEUED)
         q.push(rec.request.priority, now, rec.request.id, again=again)
 
@@ -452,6 +469,13 @@ class Scheduler:
                 break
         q.live -= len(taken)
         q.inflight += len(taken)
+        if self._fair is not None:
+            cost = self._stage_cost(key)
+            seconds = cost.latency(min(len(taken), cost.curve.max_size)) if cost else len(taken)
+            self._fair.charge(lane, key.device_class, seconds + self._switch_s(key))
+        self._adapter[key.device_class] = key.adapter
+        if key.adapter:
+            self._lora_classes.add(key.device_class)
         batch = Batch(next(self._batch_ids), key, tuple(taken), now, self._cap(key))
         self._running[batch.id] = batch
         return batch
@@ -474,13 +498,34 @@ class Scheduler:
 
     def _view(self, lane: _Lane, q: _KeyQueue) -> QueueView:
         cost = self._stage_cost(lane[0])
+        latency = None
+        if cost is not None:
+            curve, switch = cost.curve, self._switch_s(lane[0])
+            latency = curve.latency if not switch else (lambda n: curve.latency(n) + switch)
         return QueueView(
             size=q.live,
             oldest=self._head(q)[1],
             inflight=q.inflight,
             cap=self._cap(lane[0]),
-            latency=cost.latency if cost is not None else None,
+            latency=latency,
         )
+
+    def _switch_s(self, key: BatchKey) -> float:
+        """The adapter switch a batch of ``key`` needs first: its cost model's ``switch_s``
+        where the device class's last batch had another adapter, else 0."""
+        if self._adapter.get(key.device_class, "") == key.adapter:
+            return 0.0
+        cost = self._stage_cost(key)
+        return cost.switch_s if cost is not None else 0.0
+
+    def _turn_s(self, key: BatchKey) -> float:
+        """How long a key keeps its device class once it has it (see ``core.fairness``):
+        long enough that switching adapters takes at most ``MAX_SWITCH_SHARE`` of it; one
+        batch on a device class that has never run an adapter."""
+        if not key.adapter and key.device_class not in self._lora_classes:
+            return 0.0
+        cost = self._stage_cost(key)
+        return cost.switch_s / MAX_SWITCH_SHARE if cost is not None else 0.0
 
     def _cap(self, key: BatchKey) -> int:
         base = self._base_caps.get(key)
