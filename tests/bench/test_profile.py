@@ -89,6 +89,29 @@ def test_profile_command_on_tiny_models_writes_a_loadable_measured_profile(tmp_p
     assert "cpu" in doc["source"]["note"]
 
 
+@pytest.mark.slow
+def test_profile_with_adapters_measures_the_switch_into_the_cost_model(tmp_path: Path) -> None:
+    pytest.importorskip("peft")
+    from renderq.testing.tiny import build_tiny_clip, build_tiny_lora, build_tiny_pipeline
+
+    pipe = build_tiny_pipeline(tmp_path / "pipe")
+    clip = build_tiny_clip(tmp_path / "clip")
+    loras = [f"{n}={build_tiny_lora(tmp_path / n, pipe, seed=i)}" for i, n in enumerate("ab")]
+    out = tmp_path / "prof.json"
+    args = ["profile", "--model", str(pipe), "--scorer", str(clip), "--steps", "2",
+            "--max-batch", "2", "--repeats", "2", "--warmup", "1", "--out", str(out),
+            "--lora", loras[0], "--lora", loras[1]]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    # Three timed rounds (at least) over a, b and none.
+    assert len(doc["render"]["switch_repeats"]) == 9
+    assert doc["render"]["switch_s"] > 0
+    assert Profile.from_dict(doc).render.switch_s == doc["render"]["switch_s"]
+    res = CliRunner().invoke(app, ["profile", "--lora", "nopath"])
+    assert res.exit_code == 2 and "nopath" in res.output
+
+
 def test_profile_threads_are_checked_and_set_as_run_sets_them() -> None:
     import torch
 

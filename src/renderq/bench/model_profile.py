@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +36,8 @@ class ProfileSettings:
     """What to profile: the model, where, and over which batch sizes.
 
     Unset steps and guidance are the pipeline's own, as ``renderq run`` renders them.
+    ``adapters``: LoRA adapters ``(name, path)`` to load; with any, the profile also holds
+    the seconds a switch between them takes (``render.switch_s``).
     """
 
     spec: ModelSpec = field(default_factory=ModelSpec)
@@ -41,6 +45,7 @@ class ProfileSettings:
     max_batch: int = DEFAULT_MAX_BATCH_SIZE
     repeats: int = 3
     warmup: int = 2
+    adapters: tuple[tuple[str, str], ...] = ()
 
 
 def _peak_probe(device: str) -> tuple[Callable[[], float | None], Callable[[], None]]:
@@ -67,8 +72,9 @@ def profile_model(s: ProfileSettings, name: str | None = None) -> dict[str, Any]
 
     spec = s.spec
     executor = DiffusersExecutor.load(
-        resolve(spec.model), device=spec.device, precision=spec.precision
-    )
+        resolve(spec.model), device=spec.device, precision=spec.precision,
+        adapters=dict(s.adapters),
+    )  # fmt: skip
     scorer = ClipScorer.load(resolve(spec.scorer), device=spec.device)
     return profile_loaded(executor, scorer, s, name)
 
@@ -121,7 +127,7 @@ def profile_loaded(
         score, [p.batch_size for p in render_pts], repeats=s.repeats, warmup=s.warmup
     )
     mem, env = _device_memory(spec.device)
-    return profile_document(
+    doc = profile_document(
         name=name or f"{spec.model.split(':')[-1].split('/')[-1]}-{spec.device.split(':')[0]}",
         model=spec.model,
         device_class=spec.device,
@@ -133,3 +139,25 @@ def profile_loaded(
         score=score_pts,
         environment=environment_line(spec.device, env),
     )
+    if executor.lora.paths:
+        switches = measure_switches(executor, repeats=s.repeats, warmup=s.warmup)
+        doc["render"]["switch_s"] = round(statistics.median(switches), 6)
+        doc["render"]["switch_repeats"] = [round(t, 6) for t in switches]
+    return doc
+
+
+def measure_switches(executor: DiffusersExecutor, *, repeats: int, warmup: int) -> list[float]:
+    """Seconds of each timed LoRA adapter switch, round the loaded adapters and none.
+
+    A round activates every adapter in turn and then none, so each switch leaves a
+    different adapter; ``warmup`` rounds go untimed, then ``max(repeats, 3)`` are timed.
+    """
+    labels = [*sorted(executor.lora.paths), ""]
+    times: list[float] = []
+    for round_ in range(warmup + max(repeats, 3)):
+        for label in labels:
+            start = time.perf_counter()
+            executor.lora.activate(executor.pipeline, label)
+            if round_ >= warmup:
+                times.append(time.perf_counter() - start)
+    return times

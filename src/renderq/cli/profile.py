@@ -47,8 +47,17 @@ def profile_command(
     threads: Annotated[
         int, typer.Option(help="CPU threads for torch (0: the cores other work leaves free).")
     ] = 0,
+    lora: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--lora",
+            metavar="NAME=PATH",
+            help="Load this LoRA adapter and time switches between adapters (repeat for more).",
+        ),
+    ] = None,
 ) -> None:
     """Time renders and scores at batch sizes 1, 2, 4, ... and write a measured profile."""
+    from renderq.backends.adapters import parse_adapter_paths
     from renderq.backends.diffusers import set_cpu_threads
     from renderq.bench.model_profile import ProfileSettings, profile_model
 
@@ -57,6 +66,12 @@ def profile_command(
     if threads > 0 or device == "cpu":
         set_cpu_threads(threads)  # as run does: an oversubscribed CPU misprices every batch
 
+    try:
+        adapters = tuple(parse_adapter_paths(lora or []).items())
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if step_level and adapters:
+        raise typer.BadParameter("--lora is not measured with --step-level")
     if step_level:
         _step_level(model, device, precision, steps, resolution, max_batch, repeats, warmup,
                     name, out)  # fmt: skip
@@ -65,7 +80,7 @@ def profile_command(
     try:
         settings = ProfileSettings(
             ModelSpec(model, scorer, device, precision, steps), _resolution(resolution),
-            max_batch, repeats, warmup,
+            max_batch, repeats, warmup, adapters,
         )  # fmt: skip
         doc = profile_model(settings, name)
         prof = Profile.from_dict(doc)
@@ -76,6 +91,8 @@ def profile_command(
         table.add_column(col, justify="right")
     for (n, r), (_, sc) in zip(doc["render"]["points"], doc["score"]["points"], strict=True):
         table.add_row(str(n), f"{r:.4f}", f"{r / n:.4f}", f"{sc:.4f}", f"{sc / n:.4f}")
+    if "switch_s" in doc["render"]:
+        table.caption = f"LoRA adapter switch: {doc['render']['switch_s']:.4f} s (median)"
     _emit(table, doc, out)
 
 
