@@ -4,8 +4,10 @@ Starts the service (the embedded model unless ``--model``/``--scorer`` say other
 free loopback port, reads the capacity it measured at warm-up (images per second at its
 best batch size), then for each load factor sends Poisson arrivals at ``factor x
 capacity`` for ``--duration`` seconds, each request with a deadline. It prints, per load:
-the served rate, the share admitted, p50/p99 latency of admitted requests, the share of
-admitted requests that missed their deadline, and the service's peak resident memory.
+the served rate (images answered per second once the queue has filled: from the deadline,
+or half the window, to the last arrival), the share admitted, p50/p99 latency of admitted
+requests, the share of admitted requests that missed their deadline, and the service's
+peak resident memory.
 
 Bounded: at most ``--max-requests`` per load, every request times out, loopback only.
 ``--threads 0,2`` runs two servers one after the other in the same run (the service's
@@ -44,6 +46,8 @@ class Outcome:
     status: int
     latency: float
     reason: str = ""
+    #: Seconds from the start of the load to the answer.
+    done: float = 0.0
 
 
 def free_port() -> int:
@@ -107,12 +111,18 @@ async def one(client: httpx.AsyncClient, at: float, t0: float, body: dict[str, o
     try:
         r = await client.post("/v1/images/generations", json=body)
     except httpx.HTTPError as exc:
-        return Outcome(0, time.monotonic() - start, type(exc).__name__)
+        end = time.monotonic()
+        return Outcome(0, end - start, type(exc).__name__, end - t0)
+    end = time.monotonic()
     reason = "" if r.status_code == 200 else r.json().get("error", "")
-    return Outcome(r.status_code, time.monotonic() - start, reason)
+    return Outcome(r.status_code, end - start, reason, end - t0)
 
 
-async def load(url: str, rate: float, args: argparse.Namespace, seed: int) -> list[Outcome]:
+async def load(
+    url: str, rate: float, args: argparse.Namespace, seed: int
+) -> tuple[list[Outcome], float]:
+    """Send the load; the outcomes and the seconds over which requests were sent (the
+    duration, or less where ``--max-requests`` ended the arrivals first)."""
     rng = random.Random(seed)
     times, t = [], 0.0
     while len(times) < args.max_requests:
@@ -128,7 +138,8 @@ async def load(url: str, rate: float, args: argparse.Namespace, seed: int) -> li
         t0 = time.monotonic()
         body = {"prompt": "a small red circle on a blue background", "deadline_s": args.deadline}
         tasks = [one(client, at, t0, {**body, "seed": i}) for i, at in enumerate(times)]
-        return await asyncio.gather(*tasks)
+        window = args.duration if len(times) < args.max_requests else times[-1]
+        return list(await asyncio.gather(*tasks)), window
 
 
 def pct(values: list[float], q: float) -> float:
@@ -154,15 +165,23 @@ def measure(
         rows = []
         for i, factor in enumerate(float(f) for f in args.loads.split(",")):
             busy_before = os.getloadavg()[0]
-            outs = asyncio.run(load(url, factor * base, args, seed=i))
+            outs, window = asyncio.run(load(url, factor * base, args, seed=i))
             ok = [o for o in outs if o.status == 200]
+            # Images answered per second once the queue has filled: from the deadline (or
+            # half the window) to the end of the arrivals. Counting every admitted image
+            # over the window would credit the queue's last deadline's worth to it.
+            since = min(args.deadline, window / 2)
+            steady = sum(since <= o.done <= window for o in ok) / (window - since)
             rows.append(
                 {
                     "threads": threads,
                     "load": factor,
                     "offered_per_s": factor * base,
                     "sent": len(outs),
-                    "served_per_s": len(ok) / args.duration,
+                    # Over the seconds the load was offered: at high rates --max-requests
+                    # ends the arrivals before --duration.
+                    "served_per_s": steady,
+                    "window_s": [since, window],
                     "admitted_share": len(ok) / len(outs) if outs else math.nan,
                     "p50_s": pct([o.latency for o in ok], 50),
                     "p99_s": pct([o.latency for o in ok], 99),

@@ -364,6 +364,11 @@ def test_admission_learns_the_observed_latency_of_the_device() -> None:
     s.on_result(ok(b.id, list(b.requests)), 4.0)  # back to 1 s: the average moves a fifth
     assert s.latency_scale("gpu0") == pytest.approx(3.0 + 0.2 * (1.0 - 3.0))
     assert s.latency_scale("cpu") == 1.0  # other device classes keep their own
+    s.on_scores(["r2"], ScoreResult((0.9,), 0.0, "gpu0"), 4.0)
+    # The device swung between 3x and 1x: admission prices the average (2.6) plus one
+    # standard deviation of the swings (0.8), 3.4 s for one batch, not 2.6 s.
+    assert not s.submit(req(3, deadline=4.0 + 3.0), 4.0).admitted
+    assert s.submit(req(4, deadline=4.0 + 3.5), 4.0).admitted
 
 
 def test_windowed_requests_form_their_own_lane_of_the_key() -> None:

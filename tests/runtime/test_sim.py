@@ -192,3 +192,34 @@ def test_a_retry_that_keeps_its_attempt_raises_instead_of_looping(
     monkeypatch.setattr("renderq.core.scheduler.dataclasses.replace", keep_attempt)
     with pytest.raises(Stalled, match="budget"):
         run(Dynamic(0.5, 8), 50, failure_rate=0.5)
+
+
+def test_adapters_in_a_trace_are_keys_and_fair_share_serves_the_rare_one(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    trace = [Arrival(0.0, lora="popular") for _ in range(400)]
+    trace += [Arrival(1.0 + i, lora="rare") for i in range(5)]
+    path = tmp_path / "trace.jsonl"
+    write_trace(path, trace)
+    assert [a.lora for a in read_trace(path)] == [a.lora for a in trace]
+    switch = dataclasses.replace(PROFILE.render, switch_s=0.5)
+    profile = dataclasses.replace(PROFILE, render=switch)
+    results = {}
+    for fair in (True, False):
+        cfg = SimConfig(profile, tuple(trace), failure_rate=0.0, qa=QASettings(enabled=False),
+                        fair_share=fair)  # fmt: skip
+        results[fair] = simulate(Dynamic(0.1), cfg)
+    rare = {
+        fair: max(t for rid, t in zip(r.ids, r.latencies, strict=True) if int(rid[1:]) >= 400)
+        for fair, r in results.items()
+    }
+    # First in, first out the rare requests wait for the whole popular backlog; by fair
+    # share for a turn or so.
+    batch = PROFILE.render.latency(PROFILE.render_cap)
+    assert rare[True] < 3 * (batch + 0.5) < results[False].makespan_s * 0.5 < rare[False]
+    # Every switch is booked as device time: fair share switched more, and paid for it.
+    for r in results.values():
+        renders = sum(PROFILE.render.latency(len(b)) for s, b in r.log if s == "render")
+        keys = [int(b[0][0][1:]) >= 400 for s, b in r.log if s == "render"]
+        switches = 1 + sum(1 for a, b in itertools.pairwise(keys) if a != b)
+        assert r.ledger.seconds["render"] == pytest.approx(renders + 0.5 * switches)

@@ -48,6 +48,42 @@ RATE_Z = 1.64
 MIN_FINISHED = 20
 """Finished requests before their renders are trusted; until then every retry is priced."""
 
+LATENCY_EWMA = 0.2
+"""Weight of the newest batch in a device's :class:`LatencyScale`."""
+
+SCALE_Z = 1.0
+"""Standard deviations of a device's latency scale priced above its moving average."""
+
+
+@dataclass(slots=True)
+class LatencyScale:
+    """Observed over predicted render latency on one device class, batch by batch.
+
+    An exponentially weighted mean (weight ``LATENCY_EWMA`` on the newest batch) and
+    variance. Admission prices ``mean + SCALE_Z`` standard deviations: a device whose
+    speed swings (shared cores, a scorer on the same card) is priced nearer its slow
+    batches than its average, so fewer admitted requests finish late.
+    """
+
+    mean: float = 1.0
+    var: float = 0.0
+    seen: int = 0
+
+    def observe(self, ratio: float) -> None:
+        """One batch's wall time over its predicted latency."""
+        if self.seen == 0:
+            self.mean, self.var = ratio, 0.0
+        else:
+            diff = ratio - self.mean
+            step = LATENCY_EWMA * diff
+            self.mean += step
+            self.var = (1 - LATENCY_EWMA) * (self.var + diff * step)
+        self.seen += 1
+
+    def priced(self) -> float:
+        """The scale admission multiplies its estimate by."""
+        return self.mean + SCALE_Z * math.sqrt(self.var)
+
 
 @dataclass(frozen=True, slots=True)
 class RenderCounts:

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from renderq.core.admission import AdmissionConfig, RenderStats, admit
+from renderq.core.admission import AdmissionConfig, LatencyScale, RenderStats, admit
 from renderq.core.cost import StageCost
 from renderq.core.errors import ConfigError, UnknownRequest
 from renderq.core.events import (
@@ -53,10 +53,6 @@ _Lane = tuple[BatchKey, Windows | None]
 
 def _lane(request: Request) -> _Lane:
     return (request.key, request.window)
-
-
-LATENCY_EWMA = 0.2
-"""Weight of the newest batch in :meth:`Scheduler.latency_scale`."""
 
 
 @dataclass(slots=True)
@@ -128,7 +124,7 @@ class Scheduler:
         self._cost_cache: dict[BatchKey, StageCost | None] = {}
         self._base_caps: dict[BatchKey, int] = {}
         self._renders = RenderStats()
-        self._latency_scale: dict[str, float] = {}
+        self._latency_scale: dict[str, LatencyScale] = {}
         self._measured: set[str] = set()  # device classes a render batch came back from
         self._fair: FairShare[_Lane] | None = FairShare() if fair_share else None
         # The adapter of the last render batch cut per device class (what its worker
@@ -192,12 +188,13 @@ class Scheduler:
     def latency_scale(self, device_class: str) -> float:
         """Observed over predicted render latency on a device class (1.0 until a batch returns).
 
-        A moving average (weight ``LATENCY_EWMA`` on the newest batch) of the wall time from
-        cut to result over what the cost model predicts for that batch size. Admission
-        multiplies its estimate by it, so a device slower under load than when its curve
-        was measured (shared cores, a scorer on the same card) is priced as it is now.
+        A moving average (``core.admission.LatencyScale``) of the wall time from cut to
+        result over what the cost model predicts for that batch size. Admission multiplies
+        its estimate by it (plus ``SCALE_Z`` of its spread), so a device slower under load
+        than when its curve was measured is priced as it is now.
         """
-        return self._latency_scale.get(device_class, 1.0)
+        found = self._latency_scale.get(device_class)
+        return found.mean if found is not None else 1.0
 
     def idle(self) -> bool:
         """True when no request is queued, running or being scored."""
@@ -219,7 +216,8 @@ class Scheduler:
             return _ADMITTED
         cost = self._stage_cost(request.key)
         dev = request.key.device_class
-        scale = self.latency_scale(dev)
+        found = self._latency_scale.get(dev)
+        scale = found.priced() if found is not None else 1.0
         gated = request.qa and self.qa.enabled
         # A device no batch has come back from yet is priced by its curve alone, which may
         # be far off (one slow warm-up). Refusing every deadline would keep it unmeasured
@@ -425,10 +423,8 @@ class Scheduler:
         wall = now - batch.created_at
         if cost is None or wall <= 0 or batch.size > cost.curve.max_size:
             return  # nothing to compare with (or a clock that did not move)
-        ratio = wall / cost.latency(batch.size)
         dev = batch.key.device_class
-        old = self._latency_scale.get(dev)
-        self._latency_scale[dev] = ratio if old is None else old + LATENCY_EWMA * (ratio - old)
+        self._latency_scale.setdefault(dev, LatencyScale()).observe(wall / cost.latency(batch.size))
 
     def _retry_or_escalate(self, rec: _Record, score: float | None, now: float) -> Event:
         if rec.request.qa and self.qa.enabled:

@@ -6,7 +6,7 @@ Spec strings (as on the command line):
 - ``poisson:RATE``: exponential gaps at RATE requests per second (the Server scenario);
 - ``burst:SIZE@PERIOD``: SIZE requests at once every PERIOD seconds;
 - ``trace:PATH``: one arrival per line, either a bare number of seconds or a JSON object
-  with ``"t"`` (and optional ``"priority"``, ``"deadline_s"``, ``"prompt"``).
+  with ``"t"`` (and optional ``"priority"``, ``"deadline_s"``, ``"prompt"``, ``"lora"``).
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ class Arrival:
     priority: int = 0
     deadline_s: float | None = None
     prompt: str | None = None
+    #: The LoRA adapter label (``"ink"``, ``"ink@0.8"``) the request renders with; "": none.
+    lora: str = ""
 
 
 def _positive(spec: str, text: str) -> float:
@@ -85,6 +87,7 @@ def read_trace(path: Path) -> list[Arrival]:
                         int(obj.get("priority", 0)),
                         None if deadline is None else float(deadline),
                         obj.get("prompt"),
+                        str(obj.get("lora") or ""),
                     )
                 )
             else:
@@ -103,4 +106,6 @@ def write_trace(path: Path, items: list[Arrival]) -> None:
                 obj["deadline_s"] = a.deadline_s
             if a.prompt is not None:
                 obj["prompt"] = a.prompt
+            if a.lora:
+                obj["lora"] = a.lora
             fh.write(json.dumps(obj) + "\n")

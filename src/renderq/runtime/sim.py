@@ -10,6 +10,7 @@ its cap), so it works on batch N while batch N+1 renders.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import random
@@ -72,6 +73,9 @@ class SimConfig:
     #: The machine's speed over the run, ``(t, factor)`` steps scaling each render batch
     #: by when it is cut (see SimulatedExecutor); a replayed run's own, or none.
     speed: tuple[tuple[float, float], ...] = ()
+    #: Keys of equal priority share the device by device time (``core.fairness``);
+    #: False: oldest head first across keys.
+    fair_share: bool = True
 
     def __post_init__(self) -> None:
         if self.render_workers < 1:
@@ -104,6 +108,8 @@ class SimResult:
     #: ...))``. The real-time engine cuts the same batches in the same order for the same
     #: trace (tests/runtime/test_drivers_agree.py).
     log: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()
+    #: The request id of each entry of ``latencies``.
+    ids: tuple[str, ...] = ()
 
     def percentile(self, q: float) -> float | None:
         """Latency percentile (nearest rank) of finished requests, seconds."""
@@ -282,8 +288,10 @@ def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
     sched = Scheduler(
         policy,
         qa=qa,
-        cost=lambda k: profile.render if k == key else None,
+        # Every adapter's key costs what the profile measured (plus its switch_s).
+        cost=lambda k: profile.render if dataclasses.replace(k, adapter="") == key else None,
         admission=AdmissionConfig(cfg.max_queue_per_key, cfg.render_workers),
+        fair_share=cfg.fair_share,
     )
     rng = random.Random(cfg.seed)
     loop = _Loop(
@@ -316,7 +324,7 @@ def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
             Request(
                 id=f"r{i:07d}",
                 prompt=a.prompt or f"prompt {i}",
-                key=key,
+                key=dataclasses.replace(key, adapter=a.lora) if a.lora else key,
                 base_seed=cfg.seed * 1_000_003 + i,
                 priority=a.priority,
                 arrival=a.t,
@@ -342,14 +350,12 @@ def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
         guard.check(loop, now)
     states = sched.states()
     rejected = sum(1 for s in states.values() if s is RequestState.REJECTED)
+    served = [r for r in sorted(loop.done_at) if states[r] is not RequestState.REJECTED]
     return SimResult(
         mode=policy.name,
         ledger=sched.ledger.report(cfg.price_per_hour),
-        latencies=tuple(
-            loop.done_at[r] - loop.arrived[r]
-            for r in sorted(loop.done_at)
-            if states[r] is not RequestState.REJECTED
-        ),
+        latencies=tuple(loop.done_at[r] - loop.arrived[r] for r in served),
+        ids=tuple(served),
         batch_sizes=tuple(loop.batch_sizes),
         accepted=loop.accepted,
         escalated=loop.escalated,
