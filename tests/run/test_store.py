@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from renderq.jobs.runner import resume_points
-from renderq.store.sqlite import AttemptRow, JobStore, Outcome, PromptRow, StoreError
+from renderq.store.sqlite import (
+    AttemptRow,
+    JobStore,
+    Outcome,
+    PromptRow,
+    PromptState,
+    StoreError,
+)
 
 SPEC = {"width": 32, "height": 32, "steps": 3, "negative_prompt": ""}
 
@@ -34,9 +41,11 @@ def test_wal_and_schema_version(tmp_path: Path) -> None:
 
 def test_a_failed_step_leaves_nothing_behind(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    store.commit_step(1, [], [Outcome("p0", "accepted", 0, 0.5, "images/p0.png", 1, 2)], [])
+    accepted = Outcome("p0", PromptState.ACCEPTED, 0, 0.5, "images/p0.png", 1, 2)
+    store.commit_step(1, [], [accepted], [])
     attempt = AttemptRow("p1", 0, 1, 2, 2, 0.1, None)
-    bad = [Outcome("p1", "escalated", 0), Outcome("p0", "accepted", 0)]  # p0 is not pending
+    # p0 is not pending any more
+    bad = [Outcome("p1", PromptState.ESCALATED, 0), Outcome("p0", PromptState.ACCEPTED, 0)]
     with pytest.raises(StoreError, match="'p0' is not pending"):
         store.commit_step(1, [attempt], bad, [("render", "cpu", 1.0)])
     assert store.attempts() == {} and store.ledger_entries() == []
@@ -53,3 +62,19 @@ def test_resume_points(tmp_path: Path) -> None:
     assert todo == {"p0": 2, "p1": 0} and exhausted == ["p2"]
     assert [s for _, _, s, _ in store.scores()] == ["clip", "clip"]
     assert sum(x for _, _, x in store.ledger_entries()) == 3.0
+
+
+def test_states_read_back_as_the_enum_and_a_foreign_state_is_refused(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.commit_step(1, [], [Outcome("p1", PromptState.ESCALATED, 2, 0.1)], [])
+    states = [r.state for r in store.requests()]
+    assert states == [PromptState.PENDING, PromptState.ESCALATED, PromptState.PENDING]
+    assert all(isinstance(s, PromptState) for s in states)
+    assert [r.prompt.id for r in store.requests(PromptState.ESCALATED)] == ["p1"]
+    store.close()
+    conn = sqlite3.connect(tmp_path / "job.sqlite")
+    conn.execute("UPDATE requests SET state='lost' WHERE id='p2'")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreError, match="'p2' has the unknown state 'lost'"):
+        JobStore.open(tmp_path / "job.sqlite").requests()

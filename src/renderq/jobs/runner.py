@@ -54,6 +54,7 @@ from renderq.store.sqlite import (
     JobStore,
     Outcome,
     PromptRow,
+    PromptState,
     StoredRequest,
     check_config,
 )
@@ -157,10 +158,12 @@ class JobListener:
                 # The image is on disk before the store says it was accepted.
                 with storage_errors(self.writer.out, lost=step.ledger):
                     name = self.writer.write_image(rid, step.images[rid])
-                o = Outcome(rid, "accepted", a.attempt, ev.score, name, a.batch_id, a.batch_size)
+                o = Outcome(
+                    rid, PromptState.ACCEPTED, a.attempt, ev.score, name, a.batch_id, a.batch_size
+                )
                 outcomes.append(o)
             elif isinstance(ev, Escalated):
-                outcomes.append(Outcome(rid, "escalated", a.attempt, a.score))
+                outcomes.append(Outcome(rid, PromptState.ESCALATED, a.attempt, a.score))
         with storage_errors(self.writer.out, lost=step.ledger):
             self.store.commit_step(self.run, attempts, outcomes, step.ledger, self.scorer)
         with storage_errors(self.writer.out):
@@ -168,7 +171,7 @@ class JobListener:
             if self.ledger is not None:
                 self.writer.write_ledger(self.ledger.report(prices=self.prices).to_dict())
             for o in outcomes:
-                if o.state == "accepted" and o.attempt > 0:
+                if o.state == PromptState.ACCEPTED and o.attempt > 0:
                     # Accepted by the gate after all: its failed attempts need no review.
                     self.writer.drop_attempt_images(o.request_id, range(o.attempt))
         self._count(step)
@@ -186,12 +189,12 @@ class JobListener:
                 self.config,
             )
             for o in outcomes
-            if o.state == "accepted"
+            if o.state == PromptState.ACCEPTED
         ]
         review = [
             review_row(self.prompts[o.request_id], self.store.attempts_of(o.request_id))
             for o in outcomes
-            if o.state == "escalated"
+            if o.state == PromptState.ESCALATED
         ]
         self.writer.append(METADATA, meta)
         self.writer.append(REVIEW, review)
@@ -334,7 +337,7 @@ def resume_points(store: JobStore, max_attempts: int) -> tuple[dict[str, int], l
     ended = store.attempts()
     todo: dict[str, int] = {}
     exhausted: list[str] = []
-    for row in store.requests("pending"):
+    for row in store.requests(PromptState.PENDING):
         done = ended.get(row.prompt.id, [])
         nxt = done[-1].attempt + 1 if done else 0
         if nxt >= max_attempts:
@@ -350,7 +353,7 @@ def respec_edits(store: JobStore, executor: DiffusersExecutor) -> None:
     An edit copies its original's render spec, bucket included; the bucket is a property
     of the text and the model's text encoders, known only here, with the model loaded.
     """
-    for row in store.requests("pending"):
+    for row in store.requests(PromptState.PENDING):
         if row.prompt.parent is None:
             continue
         length = executor.prompt_length(row.prompt.prompt)
@@ -529,6 +532,6 @@ def _begin_run(
     todo, exhausted = resume_points(store, settings.qa.max_attempts)
     if exhausted:
         last = settings.qa.max_attempts - 1
-        store.commit_step(run, [], [Outcome(r, "escalated", last) for r in exhausted], [])
+        store.commit_step(run, [], [Outcome(r, PromptState.ESCALATED, last) for r in exhausted], [])
     refresh_views(store, writer)
     return run, todo

@@ -11,7 +11,14 @@ from typing import Any
 
 from renderq.core.seeds import seed_for
 from renderq.output.dataset import METADATA, REVIEW, DatasetWriter, attempt_file_name
-from renderq.store.sqlite import AttemptRow, Decision, JobStore, PromptRow
+from renderq.store.sqlite import (
+    NOT_ACCEPTED,
+    AttemptRow,
+    Decision,
+    JobStore,
+    PromptRow,
+    PromptState,
+)
 
 
 def metadata_row(
@@ -98,11 +105,15 @@ def refresh_views(store: JobStore, writer: DatasetWriter) -> None:
     one a reviewer accepted is in ``metadata.jsonl``, marked ``accepted_by: review``.
     """
     config = store.job_config() or {}
-    accepted = store.requests("accepted")
+    accepted = store.requests(PromptState.ACCEPTED)
     decided = {d.request_id: d for d in store.decisions()}
     writer.prune({r.file_name for r in accepted if r.file_name})
     writer.prune_attempts(
-        {r.prompt.id for r in store.requests() if r.state != "accepted" or r.prompt.id in decided}
+        {
+            r.prompt.id
+            for r in store.requests()
+            if r.state != PromptState.ACCEPTED or r.prompt.id in decided
+        }
     )
     writer.rewrite(
         METADATA,
@@ -127,6 +138,6 @@ def refresh_views(store: JobStore, writer: DatasetWriter) -> None:
         [
             review_row(r.prompt, ended.get(r.prompt.id, []), decided.get(r.prompt.id))
             for r in store.requests()
-            if r.state in ("escalated", "rejected", "edited")
+            if r.state in NOT_ACCEPTED
         ],
     )

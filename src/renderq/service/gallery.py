@@ -29,6 +29,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from renderq.output.dataset import attempt_file_name
 from renderq.service.jobs import JobNotFound
 from renderq.service.review import image_response, review_app
+from renderq.store.sqlite import NOT_ACCEPTED, PromptState
 
 if TYPE_CHECKING:
     from renderq.service.jobs import ServiceJob
@@ -39,7 +40,6 @@ Outcome = Literal["accepted", "regenerated", "escalated", "pending"]
 OUTCOMES: tuple[str, ...] = ("accepted", "regenerated", "escalated", "pending")
 """The outcomes a gallery row can have, in the order the page offers them."""
 
-_ESCALATED = ("escalated", "rejected", "edited")
 #: Vendored files ``/assets/`` serves, with their media types; nothing else is reachable.
 ASSETS = {
     "uPlot.iife.min.js": "text/javascript; charset=utf-8",
@@ -63,9 +63,9 @@ def job_rows(store: JobStore, job_id: str, tenant: str) -> list[dict[str, Any]]:
         if not attempts:
             continue  # nothing rendered yet
         outcome: Outcome
-        if r.state in _ESCALATED or r.prompt.id in decided:
+        if r.state in NOT_ACCEPTED or r.prompt.id in decided:
             outcome = "escalated"
-        elif r.state == "accepted":
+        elif r.state == PromptState.ACCEPTED:
             outcome = "accepted" if r.attempt == 0 else "regenerated"
         else:
             outcome = "pending"
@@ -73,14 +73,15 @@ def job_rows(store: JobStore, job_id: str, tenant: str) -> list[dict[str, Any]]:
         for a in attempts:
             if a.error is not None:
                 image = None
-            elif r.state == "accepted" and a.attempt == r.attempt and r.file_name:
+            elif r.state == PromptState.ACCEPTED and a.attempt == r.attempt and r.file_name:
                 image = r.file_name
             else:
                 image = attempt_file_name(r.prompt.id, a.attempt)
             views.append({
                 # A string: seeds go up to 2**63, past what a JS number holds.
                 "attempt": a.attempt, "seed": str(a.seed), "score": a.score, "error": a.error,
-                "image": image, "accepted": r.state == "accepted" and a.attempt == r.attempt,
+                "image": image,
+                "accepted": r.state == PromptState.ACCEPTED and a.attempt == r.attempt,
             })  # fmt: skip
         rows.append({
             "job": job_id, "tenant": tenant, "id": r.prompt.id, "prompt": r.prompt.prompt,

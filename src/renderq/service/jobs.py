@@ -30,7 +30,7 @@ from renderq.jobs.runner import STORE_NAME, JobListener, restore_ledger, resume_
 from renderq.jobs.summary import Progress
 from renderq.output.dataset import DatasetWriter, atomic_write_text
 from renderq.runtime.realtime import Step
-from renderq.store.sqlite import JobStore, PromptRow
+from renderq.store.sqlite import JobStore, PromptRow, PromptState
 
 SEP = ":"
 
@@ -145,7 +145,7 @@ class ServiceJob:
         self, offset: int, limit: int, with_images: bool
     ) -> tuple[list[dict[str, Any]], int]:
         """A page of accepted images (with base64 PNG data when asked)."""
-        rows = self.store.requests("accepted")
+        rows = self.store.requests(PromptState.ACCEPTED)
         page = []
         for r in rows[offset : offset + limit]:
             item: dict[str, Any] = {

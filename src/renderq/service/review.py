@@ -32,7 +32,7 @@ from renderq.core.types import Request as RenderRequest
 from renderq.jobs import review
 from renderq.output.dataset import IMAGES, REVIEW_IMAGES
 from renderq.store.lock import JobLocked
-from renderq.store.sqlite import Decision, StoreError
+from renderq.store.sqlite import Decision, PromptState, StoreError
 
 if TYPE_CHECKING:
     from renderq.service.jobs import ServiceJob
@@ -230,7 +230,8 @@ def queue_edit(service: RenderService, job: ServiceJob, request_id: str, now: fl
     """
     from renderq.service.jobs import SEP
 
-    row = next(r.prompt for r in job.store.requests("pending") if r.prompt.id == request_id)
+    pending = job.store.requests(PromptState.PENDING)
+    row = next(r.prompt for r in pending if r.prompt.id == request_id)
     job.rows[row.id] = row
     job.listener.prompts[row.id] = row
     job.listener.progress.total += 1

@@ -23,6 +23,7 @@ import sqlite3
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,30 @@ SCHEMA_VERSION = 2
 ACTIONS = ("accept", "reject", "edit")
 """What a reviewer can decide about an escalated prompt."""
 
-_REVIEWED_STATE = {"accept": "accepted", "reject": "rejected", "edit": "edited"}
+
+class PromptState(StrEnum):
+    """A prompt's state in the store (the ``requests.state`` column).
+
+    ``pending`` until the gate accepts it or its attempts run out (``escalated``); a
+    reviewer then accepts (``accepted``), rejects (``rejected``) or edits (``edited``, with
+    a new pending prompt) an escalated one. A ``StrEnum``: equal to its column text.
+    """
+
+    PENDING = "pending"
+    ACCEPTED = "accepted"
+    ESCALATED = "escalated"
+    REJECTED = "rejected"
+    EDITED = "edited"
+
+
+NOT_ACCEPTED = frozenset({PromptState.ESCALATED, PromptState.REJECTED, PromptState.EDITED})
+"""The states of a prompt the gate escalated and no reviewer accepted."""
+
+_REVIEWED_STATE = {
+    "accept": PromptState.ACCEPTED,
+    "reject": PromptState.REJECTED,
+    "edit": PromptState.EDITED,
+}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -117,7 +141,7 @@ class Outcome:
     """A terminal state reached by a prompt: ``accepted`` (with its file) or ``escalated``."""
 
     request_id: str
-    state: str
+    state: PromptState
     attempt: int
     score: float | None = None
     file_name: str | None = None
@@ -134,7 +158,7 @@ class StoredRequest:
     """
 
     prompt: PromptRow
-    state: str
+    state: PromptState
     attempt: int | None
     score: float | None
     file_name: str | None
@@ -285,7 +309,7 @@ class JobStore:
 
     # -- reading ------------------------------------------------------------------------
 
-    def requests(self, state: str | None = None) -> list[StoredRequest]:
+    def requests(self, state: PromptState | None = None) -> list[StoredRequest]:
         """Every prompt (or those in ``state``), in job order."""
         sql = (
             "SELECT id, idx, prompt, base_seed, spec, parent, priority, state, attempt, score, "
@@ -297,9 +321,22 @@ class JobStore:
             args = (state,)
         rows = self._conn.execute(sql + " ORDER BY idx", args).fetchall()
         return [
-            StoredRequest(PromptRow(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6]), *r[7:])
+            StoredRequest(
+                PromptRow(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6]),
+                self._state(r[0], r[7]),
+                *r[8:],
+            )
             for r in rows
         ]
+
+    def _state(self, request_id: str, text: str) -> PromptState:
+        try:
+            return PromptState(text)
+        except ValueError:
+            raise StoreError(
+                f"{self.path}: prompt {request_id!r} has the unknown state {text!r} (known: "
+                f"{', '.join(PromptState)})"
+            ) from None
 
     def attempts(self) -> dict[str, list[AttemptRow]]:
         """Every ended attempt, grouped by request id, in attempt order."""
@@ -400,7 +437,7 @@ class JobStore:
         ).fetchone()
         if found is None:
             raise ConfigError(f"no prompt {request_id!r} in {self.path}")
-        if found[0] != "escalated":
+        if found[0] != PromptState.ESCALATED:
             raise StoreError(
                 f"prompt {request_id!r} is {found[0]}, not escalated; only escalated prompts "
                 "are reviewed, once"
