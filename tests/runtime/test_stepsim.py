@@ -135,3 +135,46 @@ def test_the_real_driver_makes_the_simulators_decisions(reqs: list[Request], cap
     assert real.latencies == pytest.approx(sim.latencies)
     assert real.images == {r.id: (r.id, 0) for r in reqs}
     assert real.device_seconds == pytest.approx(sim.device_seconds)
+
+
+def _sim(policy, trace, cost=None, **kw):  # type: ignore[no-untyped-def]
+    from renderq.runtime.sim import SimConfig, simulate
+
+    return simulate(policy, SimConfig(load_profile("mini-sd-cpu"), trace, step_cost=cost, **kw))
+
+
+def test_step_mode_through_the_scheduler_keeps_the_gate_and_books_every_step() -> None:
+    import random
+
+    from renderq.core.policies import Dynamic, StepSlots
+    from renderq.runtime.arrivals import arrivals
+
+    trace = tuple(arrivals("poisson:5", 400, random.Random(3)))
+    cost = StepCost(LatencyCurve((1, 8), (0.01, 0.04)), prepare_s=0.002)
+    whole = _sim(Dynamic(0.1, 8), trace, failure_rate=0.2)
+    step = _sim(StepSlots(8), trace, cost, failure_rate=0.2)
+    # The same outcomes (they depend on request and attempt, not on batching), nothing
+    # left, and the ledger holds the step loop's device time: every step at its running
+    # size, every request's prepare (first attempts and regenerations alike).
+    assert step.unfinished == 0 and step.accepted + step.escalated == 400
+    assert (step.accepted, step.escalated, step.rerenders) == (
+        whole.accepted, whole.escalated, whole.rerenders,
+    )  # fmt: skip
+    render = step.ledger.seconds["render"] + step.ledger.seconds["regen"]
+    steps = sum(cost.step.latency(n) for n in step.batch_sizes)
+    assert render == pytest.approx(steps + cost.prepare_s * (400 + step.rerenders))
+    assert max(step.batch_sizes) <= 8 and step.mean_batch_size > 1.0
+
+
+def test_a_request_alone_in_step_mode_takes_its_steps() -> None:
+    from renderq.core.policies import StepSlots
+    from renderq.runtime.arrivals import Arrival
+
+    cost = StepCost(LatencyCurve((1, 8), (0.05, 0.2)), prepare_s=0.01)
+    result = _sim(StepSlots(8), (Arrival(0.0),), cost, failure_rate=0.0)
+    steps = load_profile("mini-sd-cpu").steps
+    # The scheduler cuts it at once; scoring runs after the image comes back.
+    assert result.batch_sizes == (1,) * steps
+    assert result.ledger.seconds["render"] == pytest.approx(0.01 + steps * 0.05)
+    with pytest.raises(ConfigError, match="one device's step loop"):
+        _sim(StepSlots(8), (Arrival(0.0),), cost, render_workers=2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import replace
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -15,6 +16,7 @@ from renderq.backends import registry
 from renderq.core.errors import ConfigError
 from renderq.core.policies import Policy, Windows, parse_sizes
 from renderq.core.settings import MODES, Batching, QASettings, make_policy
+from renderq.core.step import StepCost
 from renderq.profiles import load_profile
 from renderq.runtime.arrivals import arrivals
 from renderq.runtime.sim import SimConfig, SimResult, simulate
@@ -27,6 +29,16 @@ def make_policies(modes: str, batching: Batching, windows: str) -> dict[str, Pol
     names = parse_modes(modes)
     win = Windows.parse(windows) if "window" in names else None
     return {m: make_policy(replace(batching, mode=m), win) for m in names}
+
+
+def load_step_cost(path: Path | None) -> StepCost | None:
+    """A step profile's costs (None: derive them from the whole-batch profile)."""
+    if path is None:
+        return None
+    try:
+        return StepCost.from_dict(json.loads(path.read_text()))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read the step profile {str(path)!r}: {exc}") from None
 
 
 def parse_modes(text: str) -> list[str]:
@@ -90,7 +102,7 @@ def simulate_command(
     profile: Annotated[str, typer.Option(help="Profile name (shipped) or path to a JSON file.")],
     renders: Annotated[int, typer.Option(help="Number of prompts to render.")] = 10_000,
     failure_rate: Annotated[float, typer.Option(help="Per-attempt QA failure probability.")] = 0.08,
-    modes: Annotated[str, typer.Option(help="Comma-separated: adhoc,dynamic,window.")] = (
+    modes: Annotated[str, typer.Option(help="Comma-separated: adhoc,dynamic,window,step.")] = (
         "adhoc,dynamic,window"
     ),
     arrival: Annotated[
@@ -121,6 +133,13 @@ def simulate_command(
     deadline_s: Annotated[float | None, typer.Option(help="Per-request deadline, s.")] = None,
     jitter: Annotated[float, typer.Option(help="Relative latency noise, 0..1.")] = 0.0,
     price_per_hour: Annotated[float, typer.Option(help="Price of one device-hour.")] = 2.0,
+    step_profile: Annotated[
+        Path | None,
+        typer.Option(
+            help="Step mode's costs (renderq profile --step-level); default: the profile's "
+            "render latency spread over its steps."
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of arrivals, failures and noise.")] = 0,
     as_json: Annotated[
         bool, typer.Option("--json", metavar="", help="Print one JSON object.")
@@ -139,6 +158,7 @@ def simulate_command(
             fix_curve=registry.fix_curve(fix_curve), qa=QASettings(max_attempts=max_attempts),
             render_workers=parse_workers(workers, prof.device_class), seed=seed,
             jitter=jitter, deadline_s=deadline_s, price_per_hour=price_per_hour,
+            step_cost=load_step_cost(step_profile),
         )  # fmt: skip
         results = {m: simulate(p, cfg) for m, p in policies.items()}
     except ConfigError as exc:

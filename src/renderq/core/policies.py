@@ -70,6 +70,33 @@ class AdHoc:
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class StepSlots:
+    """Step-level batching, as the scheduler sees it: one request per free slot.
+
+    The workers of a device class in step mode are the slots of one step loop (as many as
+    its running batch holds); the loop, not the scheduler, forms the running batch at each
+    denoising step. ``batch_size`` is that running batch's cap (it also caps score batches
+    as a render batch's size does).
+    """
+
+    batch_size: int | None = None
+    name: str = "step"
+
+    @property
+    def max_batch_size(self) -> int | None:
+        """The step loop's running-batch cap."""
+        return self.batch_size
+
+    def cut(self, view: QueueView, now: float) -> int:
+        """One request whenever any is queued (a slot is free when asked)."""
+        return 1 if view.size > 0 else 0
+
+    def wakeup(self, view: QueueView, now: float) -> float | None:
+        """Never waits, so never needs a timer."""
+        return None
+
+
 DEFAULT_MAX_QUEUE_DELAY_S = 0.5
 """The dynamic mode's longest wait for a batch to fill, unless told otherwise, everywhere."""
 

@@ -17,13 +17,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from renderq.core.errors import ConfigError
-from renderq.core.policies import DEFAULT_MAX_QUEUE_DELAY_S, AdHoc, Dynamic, Policy, Window, Windows
+from renderq.core.policies import (
+    DEFAULT_MAX_QUEUE_DELAY_S,
+    AdHoc,
+    Dynamic,
+    Policy,
+    StepSlots,
+    Window,
+    Windows,
+)
 from renderq.core.qa import DEFAULT_MAX_ATTEMPTS, QAPolicy
 from renderq.core.seeds import MAX_SEED
 from renderq.core.types import BatchKey
 
-MODES: tuple[str, ...] = ("adhoc", "dynamic", "window")
-"""Batching modes by name: one request at a time, Triton-style dynamic, offline windows."""
+MODES: tuple[str, ...] = ("adhoc", "dynamic", "window", "step")
+"""Batching modes by name: one request at a time, Triton-style dynamic, offline windows,
+and step-level (requests join and leave the running batch at denoising-step boundaries)."""
 
 DEFAULT_MAX_BATCH_SIZE = 16
 DEFAULT_SCORE_BATCH_SIZE = 32
@@ -160,6 +169,8 @@ def make_policy(batching: Batching, windows: Windows | None = None) -> Policy:
     """The batching policy of ``batching.mode`` (``windows``: the window mode's schedule)."""
     if batching.mode == "adhoc":
         return AdHoc()
+    if batching.mode == "step":
+        return StepSlots(batching.max_batch_size)
     if batching.mode == "dynamic":
         return Dynamic(batching.max_queue_delay_s, batching.max_batch_size, batching.preferred)
     return Window(windows or Windows(), batching.max_batch_size)

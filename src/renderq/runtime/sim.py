@@ -31,10 +31,12 @@ from renderq.core.scheduler import Scheduler
 from renderq.core.score_stage import ScoreStage, score_cap
 from renderq.core.settings import QASettings
 from renderq.core.stats import percentile
+from renderq.core.step import StepCost
 from renderq.core.types import TERMINAL, Batch, BatchKey, Request, RequestState, ScoreResult
 from renderq.runtime.arrivals import Arrival
+from renderq.runtime.stepsim import VirtualStepLoop
 
-_ARRIVE, _RENDERED, _SCORED, _WAKE = range(4)
+_ARRIVE, _RENDERED, _SCORED, _WAKE, _STEP = range(5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,9 @@ class SimConfig:
     #: Keys of equal priority share the device by device time (``core.fairness``);
     #: False: oldest head first across keys.
     fair_share: bool = True
+    #: Step mode's costs (``renderq profile --step-level``); default: derived from the
+    #: profile's render curve (``StepCost.from_profile``).
+    step_cost: StepCost | None = None
 
     def __post_init__(self) -> None:
         if self.render_workers < 1:
@@ -161,6 +166,8 @@ class _Loop:
     rerenders: int = 0
     accepted: int = 0
     escalated: int = 0
+    #: Step mode's loop (the render workers are its slots); None in the other modes.
+    steps: VirtualStepLoop | None = None
 
     def push(self, t: float, kind: int, payload: Any) -> None:
         heapq.heappush(self.heap, (t, next(self.seq), kind, payload))
@@ -181,8 +188,20 @@ class _Loop:
             self.log.append(("score", tuple((r.id, r.attempt) for r in reqs)))
             self.scoring.done()
             self.note(self.sched.on_scores(ids, result, now), now)
+        elif kind == _STEP:
+            self.step(now)
         else:
             self.wakes.discard(payload)
+
+    def step(self, now: float) -> None:
+        """A step boundary of the step loop: its finished batches come back when it ends."""
+        assert self.steps is not None
+        end, results = self.steps.boundary(now)
+        for batch, result in results:
+            self.push(end, _RENDERED, (batch, result))
+        self.steps.running = not self.steps.batcher.idle()
+        if self.steps.running:
+            self.push(end, _STEP, None)
 
     def note(self, events: Sequence[Event], now: float) -> None:
         for ev in events:
@@ -231,9 +250,26 @@ class _Loop:
         for r in batch.requests:
             self.renders += 1
             self.rerenders += r.attempt > 0
+        if self.steps is not None:
+            self.steps.add(batch, now)
+            if not self.steps.running:
+                self.steps.running = True
+                self.push(now, _STEP, None)
+            return
         result = self.executor.run(batch)
         held = result.device_seconds + self.cfg.render_overhead_s
         self.push(now + held, _RENDERED, (batch, result))
+
+
+def _step_loop(policy: Policy, cfg: SimConfig) -> VirtualStepLoop:
+    """Step mode's virtual loop: the configured step cost, capped by the policy's batch."""
+    if cfg.render_workers != 1:
+        raise ConfigError(
+            f"step mode simulates one device's step loop; got {cfg.render_workers} workers"
+        )
+    cost = cfg.step_cost or StepCost.from_profile(cfg.profile)
+    cap = min(policy.max_batch_size or cost.cap, cost.cap)
+    return VirtualStepLoop(cost, cap, cfg.profile.device_class)
 
 
 @dataclass(slots=True)
@@ -315,6 +351,9 @@ def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
         ),
         free=cfg.render_workers,
     )
+    if policy.name == "step":
+        loop.steps = _step_loop(policy, cfg)
+        loop.free = loop.steps.cap  # the loop's slots
     requests = []
     for i, a in enumerate(cfg.arrivals):
         deadline_s = a.deadline_s if a.deadline_s is not None else cfg.deadline_s
@@ -356,7 +395,8 @@ def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
         ledger=sched.ledger.report(cfg.price_per_hour),
         latencies=tuple(loop.done_at[r] - loop.arrived[r] for r in served),
         ids=tuple(served),
-        batch_sizes=tuple(loop.batch_sizes),
+        # Step mode: the running batch's size at every step.
+        batch_sizes=tuple(loop.steps.step_sizes if loop.steps else loop.batch_sizes),
         accepted=loop.accepted,
         escalated=loop.escalated,
         rejected=rejected,

@@ -13,7 +13,11 @@ device waits for the next arrival.
 - :func:`run_steps` drives a real :class:`~renderq.core.step.StepRunner` (the step
   executor, or a fake) on a clock: a real step-mode run of a trace.
 
-Neither has the quality gate yet (no scoring, no regeneration).
+Neither has the quality gate: they measure step batching alone. With the gate, the
+scheduler and its regenerations, step mode runs through the scheduler like every mode
+(``--mode step``): the real engine renders through ``backends.step_loop.StepLoop``'s
+slots, and the whole-batch simulator through :class:`VirtualStepLoop` here, which charges
+the same :class:`~renderq.core.step.StepCost` on its virtual clock.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 from renderq.core.errors import ConfigError, Stalled
 from renderq.core.stats import percentile
 from renderq.core.step import StepBatcher, StepCost, StepRunner
-from renderq.core.types import Request
+from renderq.core.types import Batch, BatchResult, ItemResult, Request
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,3 +198,74 @@ def run_steps(
                 del running[rid]
     out.wall_s = clock() - start
     return out
+
+
+@dataclass(slots=True)
+class VirtualStepLoop:
+    """A step loop on a virtual clock, fed batches by the scheduler (``--mode step``).
+
+    The simulator hands it each batch the scheduler cuts (one request per free slot) with
+    :meth:`add` and calls :meth:`boundary` at every step boundary: the batcher's plan,
+    joiners' prepare, one step at the running batch's size, the decode of those that
+    finished. A batch comes back (with its requests' device-seconds: prepare, step shares,
+    decode share, as the real loop books them) once all of its requests have finished.
+    """
+
+    cost: StepCost
+    cap: int
+    device_class: str
+    batcher: StepBatcher = field(init=False)
+    step_sizes: list[int] = field(default_factory=list)
+    _remaining: dict[str, int] = field(default_factory=dict)
+    _spent: dict[str, float] = field(default_factory=dict)
+    _batch_of: dict[str, Batch] = field(default_factory=dict)
+    _left: dict[int, int] = field(default_factory=dict)
+    running: bool = False
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.cap <= self.cost.cap:
+            raise ConfigError(
+                f"step cap must be from 1 to {self.cost.cap} (the step cost model), got {self.cap}"
+            )
+        self.batcher = StepBatcher(cap=self.cap)
+
+    def add(self, batch: Batch, now: float) -> None:
+        """The scheduler's batch reaches the loop; its requests join at the next boundary."""
+        self._left[batch.id] = batch.size
+        for r in batch.requests:
+            self._batch_of[r.id] = batch
+            self._remaining[r.id] = r.key.steps
+            self._spent[r.id] = 0.0
+            self.batcher.submit(r, now)
+
+    def boundary(self, now: float) -> tuple[float, list[tuple[Batch, BatchResult]]]:
+        """Run the next step from ``now``: when it ends, and the batches that finished."""
+        plan = self.batcher.plan(now)
+        if not plan.run:
+            return now, []
+        for r in plan.join:
+            self._spent[r.id] += self.cost.prepare_s
+        prepare = self.cost.prepare_s * len(plan.join)
+        step = self.cost.step.latency(len(plan.run))
+        self.step_sizes.append(len(plan.run))
+        for rid in plan.run:
+            self._remaining[rid] -= 1
+            self._spent[rid] += step / len(plan.run)
+        done = [rid for rid in plan.run if self._remaining[rid] == 0]
+        end = now + prepare + step
+        left = self.batcher.on_step(done, step, end)
+        decode = self.cost.decode_s(len(left))
+        end += decode
+        out = []
+        for r in left:
+            self._spent[r.id] += decode / len(left)
+            batch = self._batch_of[r.id]
+            self._left[batch.id] -= 1
+            if self._left[batch.id] == 0:
+                del self._left[batch.id]
+                items = tuple(ItemResult(q.id, image=q.id) for q in batch.requests)
+                seconds = sum(self._spent.pop(q.id) for q in batch.requests)
+                for q in batch.requests:
+                    del self._batch_of[q.id], self._remaining[q.id]
+                out.append((batch, BatchResult(batch.id, items, seconds, self.device_class)))
+        return end, out
