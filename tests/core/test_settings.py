@@ -41,7 +41,7 @@ def test_each_mode_makes_its_policy_with_the_shared_knobs() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"mode": "fastest"}, "--mode must be one of adhoc, dynamic, window, got 'fastest'"),
+        ({"mode": "fastest"}, "--mode must be one of adhoc, dynamic, window, step, got 'fastest'"),
         ({"max_batch_size": 0}, "--max-batch-size must be >= 1, got 0"),
         ({"score_batch_size": -2}, "--score-batch-size must be >= 1, got -2"),
         ({"max_queue_delay_s": -0.1}, "--max-queue-delay must be >= 0, got -0.1"),
