@@ -1,0 +1,173 @@
+"""Step mode behind the engine: one device's denoising loop, fed one request at a time.
+
+In ``--mode step`` the scheduler cuts batches of one request (the ``step`` policy) for a
+device class whose workers are *slots* of one :class:`StepLoop`: as many slots as the
+running batch may hold. A slot's :meth:`run` hands its request to the loop and waits for
+its image; the loop thread re-forms the running batch at every denoising step boundary
+(``core.step.StepBatcher``: requests join as they arrive and leave when their own step
+count ends, one step key at a time). So the scheduler keeps everything it does for the
+other modes (priorities, admission, the QA gate and its regenerations, the ledger) and the
+loop only decides who rides in each step.
+
+A request is prepared (prompt encoded, latents drawn) when it reaches the loop, so a
+failure there answers it alone; a failed step or decode answers the requests it ran,
+never the others. Each request's device-seconds are its prepare, an equal share of every
+step it rode in and of the decode batch it left in (``backends.step``), so the ledger
+adds up to the loop's device time.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from renderq.backends.step import StepExecutor, StepState
+from renderq.core.errors import ConfigError, WorkerLost
+from renderq.core.protocols import Executor
+from renderq.core.step import StepBatcher
+from renderq.core.types import Batch, BatchResult, ItemResult, Request
+
+Answer = Future[tuple[ItemResult, float]]
+"""A request's image (or error) and the device-seconds booked to it."""
+
+
+@dataclass(slots=True)
+class _Waiting:
+    state: StepState
+    answer: Answer
+
+
+class StepLoop:
+    """One device's step loop (a thread) and the slots the engine renders through."""
+
+    def __init__(
+        self,
+        runner: StepExecutor,
+        cap: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if cap < 1:
+            raise ConfigError(f"the step batch cap must be >= 1, got {cap}")
+        self.runner = runner
+        self.cap = cap
+        self.device_class = runner.device_class
+        self._clock = clock
+        self._inbox: queue.SimpleQueue[tuple[Request, Answer] | None] = queue.SimpleQueue()
+        self._batcher = StepBatcher(cap=cap)
+        self._states: dict[str, _Waiting] = {}
+        #: Running-batch size of every step, in order (for reports).
+        self.step_sizes: list[int] = []
+        self.preemptions = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="step-loop")
+        self._thread.start()
+
+    def slots(self, n: int | None = None) -> list[Executor]:
+        """``n`` executors (default: the cap) that render through this loop."""
+        return [_Slot(self) for _ in range(self.cap if n is None else n)]
+
+    def submit(self, request: Request) -> Answer:
+        """Hand ``request`` to the loop; the future holds its image (or error) and seconds."""
+        if self._closed or not self._thread.is_alive():
+            raise WorkerLost(f"the step loop of {self.device_class!r} is not running")
+        answer: Answer = Future()
+        self._inbox.put((request, answer))
+        return answer
+
+    def close(self) -> None:
+        """Stop the loop after the step in progress; requests still in it fail."""
+        self._closed = True
+        self._inbox.put(None)
+        self._thread.join(timeout=60)
+
+    # -- the loop thread ----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            while self._take(block=self._batcher.idle()):
+                if not self._batcher.idle():
+                    self._boundary()
+        except BaseException as exc:  # the loop is dying: no request may wait for ever
+            for w in self._states.values():
+                if not w.answer.done():
+                    w.answer.set_exception(WorkerLost(f"the step loop died: {exc!r}"))
+            raise
+        for w in self._states.values():
+            if not w.answer.done():
+                w.answer.set_exception(WorkerLost("the step loop was closed"))
+
+    def _take(self, *, block: bool) -> bool:
+        """Prepare and queue what has arrived (waiting for one if ``block``); False: close."""
+        while True:
+            try:
+                msg = self._inbox.get(block=block)
+            except queue.Empty:
+                return True
+            if msg is None:
+                return False
+            request, answer = msg
+            try:
+                state = self.runner.prepare(request)
+            except Exception as exc:
+                answer.set_result(
+                    (ItemResult(request.id, error=f"{type(exc).__name__}: {exc}"), 0.0)
+                )
+            else:
+                self._states[request.id] = _Waiting(state, answer)
+                self._batcher.submit(request, self._now())
+            block = False
+
+    def _boundary(self) -> None:
+        """Re-form the running batch, run one step, decode and answer who finished."""
+        plan = self._batcher.plan(self._now())
+        self.preemptions += len(plan.preempt)
+        running = [self._states[rid].state for rid in plan.run]
+        if not running:
+            return
+        try:
+            seconds = self.runner.step(running)
+        except Exception as exc:
+            self._batcher.on_step([s.request.id for s in running], 0.0, self._now())
+            self._answer(running, [_error(s, exc) for s in running])
+            return
+        self.step_sizes.append(len(running))
+        done = [s for s in running if s.done]
+        self._batcher.on_step([s.request.id for s in done], seconds, self._now())
+        if not done:
+            return
+        try:
+            items = self.runner.decode(done)
+        except Exception as exc:
+            items = [_error(s, exc) for s in done]
+        self._answer(done, items)
+
+    def _answer(self, states: Sequence[StepState], items: Sequence[ItemResult]) -> None:
+        for s, item in zip(states, items, strict=True):
+            self._states.pop(s.request.id).answer.set_result((item, s.device_seconds))
+
+    def _now(self) -> float:
+        return self._clock()
+
+
+def _error(state: StepState, exc: BaseException) -> ItemResult:
+    return ItemResult(state.request.id, error=f"{type(exc).__name__}: {exc}")
+
+
+class _Slot:
+    """An executor that renders its batch's requests through a :class:`StepLoop`."""
+
+    def __init__(self, loop: StepLoop) -> None:
+        self.loop = loop
+        self.device_class = loop.device_class
+        self.sampler = getattr(loop.runner, "sampler", "")
+
+    def run(self, batch: Batch) -> BatchResult:
+        """Every request of the batch through the loop; their device-seconds summed."""
+        answers = [self.loop.submit(r).result() for r in batch.requests]
+        seconds = sum(s for _, s in answers)
+        return BatchResult(batch.id, tuple(i for i, _ in answers), seconds, self.device_class)

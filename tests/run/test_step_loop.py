@@ -1,0 +1,117 @@
+"""Step mode through the scheduler: the real engine renders through a step loop's slots.
+
+The embedded mini-SD in float64 (see tests/run/test_step_executor.py for why: requests
+ride in running batches of changing sizes, and float32 kernels round differently by batch
+size), a scorer that fails one prompt's first image, and the engine as ``run`` drives it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from renderq.backends.diffusers import DiffusersExecutor
+from renderq.backends.registry import resolve
+from renderq.backends.step import StepExecutor
+from renderq.backends.step_loop import StepLoop
+from renderq.core.errors import WorkerLost
+from renderq.core.events import Accepted, Escalated, Regenerating
+from renderq.core.policies import StepSlots
+from renderq.core.qa import QAPolicy
+from renderq.core.scheduler import Scheduler
+from renderq.core.settings import key_for
+from renderq.core.types import Batch, BatchKind, Request, ScoreResult
+from renderq.runtime.realtime import RealtimeEngine
+from renderq.testing.fakes import RecordingListener
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["a small red circle", "a large green square", "a small blue triangle", "a red square"]
+FAILS_FIRST = "a large green square"
+
+
+@pytest.fixture(scope="module")
+def mini64() -> DiffusersExecutor:
+    ex = DiffusersExecutor.load(resolve("embedded:mini-sd"), name="mini-sd")
+    ex.pipeline.to(torch.float64)
+    return ex
+
+
+class FirstImageFails:
+    """Fails the first image scored for ``prompt``, passes everything else."""
+
+    device_class = "cpu"
+
+    def __init__(self, prompt: str) -> None:
+        self.prompt, self.seen = prompt, 0
+
+    def score(self, images: Sequence[Any], prompts: Sequence[str]) -> ScoreResult:
+        scores = []
+        for p in prompts:
+            first = p == self.prompt and self.seen == 0
+            self.seen += p == self.prompt
+            scores.append(0.0 if first else 1.0)
+        return ScoreResult(tuple(scores), 0.001, "cpu")
+
+
+def _req(ex: DiffusersExecutor, i: int, steps: int) -> Request:
+    w, h = ex.default_size()
+    key = key_for(ex.model, w, h, steps, 7.5, ex.sampler, "fp32", ex.device_class)
+    return Request(f"r{i}", PROMPTS[i % len(PROMPTS)], key, 500 + i, guidance_scale=7.5)
+
+
+def test_step_mode_renders_each_attempt_as_alone_and_books_every_step(
+    mini64: DiffusersExecutor,
+) -> None:
+    loop = StepLoop(StepExecutor(mini64.pipeline, mini64.model), cap=3)
+    listener = RecordingListener()
+    sched = Scheduler(StepSlots(3), qa=QAPolicy(threshold=0.5, max_attempts=2))
+    engine = RealtimeEngine(sched, {"cpu": loop.slots()}, FirstImageFails(FAILS_FIRST), listener)
+    # Five requests for three slots, 3 or 4 steps: the last two join as the first leave.
+    reqs = [_req(mini64, i, 3 + i % 2) for i in range(5)]
+    for r in reqs:
+        engine.submit(r)
+    try:
+        engine.run()
+    finally:
+        loop.close()
+    accepted = listener.events(Accepted)
+    assert sorted(ev.request.id for ev in accepted) == [r.id for r in reqs]
+    assert not listener.events(Escalated)
+    [regen] = listener.events(Regenerating)
+    assert regen.request.prompt == FAILS_FIRST
+    # Each accepted attempt is the image its request and seed give alone, whole-batch.
+    images = {rid: im for st in listener.steps for rid, im in st.images.items()}
+    for ev in accepted:
+        r = ev.request
+        ref = mini64.run(Batch(0, r.key, (r,), 0.0, 1)).items[0].image
+        assert np.abs(images[r.id].astype(int) - ref.astype(int)).max() <= 1, r.id
+    assert {ev.request.attempt for ev in accepted} == {0, 1}
+    # Requests shared steps, and the ledger holds every request's share of the loop.
+    assert max(loop.step_sizes) == 3 and len(loop.step_sizes) < sum(r.key.steps for r in reqs)
+    rendered = sum(st.render.device_seconds for st in listener.steps if st.kind is BatchKind.RENDER)
+    booked = sched.ledger.report().seconds
+    assert booked["render"] + booked["regen"] == pytest.approx(rendered)
+    assert rendered > 0
+
+
+def test_a_request_that_cannot_be_prepared_fails_alone(mini64: DiffusersExecutor) -> None:
+    loop = StepLoop(StepExecutor(mini64.pipeline, mini64.model), cap=2)
+    [slot_a, slot_b] = loop.slots()
+    good = _req(mini64, 0, 3)
+    bad = dataclasses.replace(_req(mini64, 1, 3), key=dataclasses.replace(good.key, width=4))
+    try:
+        result = slot_b.run(Batch(1, bad.key, (bad,), 0.0, 1))
+        assert result.items[0].error and result.device_seconds == 0.0
+        result = slot_a.run(Batch(2, good.key, (good,), 0.0, 1))
+        assert result.items[0].ok and result.device_seconds > 0
+    finally:
+        loop.close()
+    with pytest.raises(WorkerLost, match="not running"):
+        slot_a.run(Batch(3, good.key, (good,), 0.0, 1))
