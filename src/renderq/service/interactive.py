@@ -3,8 +3,8 @@
 A call's requests ride at priority 10-19 (bulk jobs at 0-9, so interactive work always
 goes first). :class:`Outstanding` tracks every request the service has in the scheduler,
 interactive and bulk, and the calls that wait on them; one future per call carries its
-refusal or every image's answer. Every method but :meth:`Outstanding.requests` runs on
-the engine's loop thread.
+refusal or every image's answer. Submits, answers and forgets run on the engine's loop
+thread; a call's requests are built on its HTTP thread.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class Outstanding:
         self._nonce = uuid.uuid4().hex[:6]
 
     def requests(
-        self, tenant: str, prompt: str, key: BatchKey, guidance: float, n: int, opts: Any
+        self, tenant: str, prompt: str, key: BatchKey, guidance: float, n: int, opts: dict[str, Any]
     ) -> list[Request]:
         """The requests of one call, in ``key`` (checked against the model by the caller)."""
         seed = opts.get("seed")

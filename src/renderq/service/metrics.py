@@ -2,8 +2,9 @@
 
 The metrics have their own registry, so several services can coexist. The dashboard's
 counts are kept in one :class:`Stats` for the whole service and one per tenant; they are
-counted on the engine's loop thread (from the listener's steps and the calls made there)
-and read there by :meth:`Dashboard.view`, so nothing needs a lock.
+counted on the engine's loop thread (from the listener's steps and the calls made there;
+only a new job refused while draining is counted on its HTTP thread) and read there by
+:meth:`Dashboard.view`.
 """
 
 from __future__ import annotations

@@ -267,7 +267,7 @@ class RenderService:
 
     def _model(self) -> Served:
         if self.model is None or not self.ready.is_set():
-            raise Refused(503, "not_ready", self.load_error or "the model is still loading", 2.0)
+            raise self._not_ready()
         return self.model
 
     def _scheduler(self) -> Scheduler:
@@ -276,5 +276,8 @@ class RenderService:
 
     def _call(self, fn: Callable[[float], Any]) -> Future[Any]:
         if self._engine is None:
-            raise Refused(503, "not_ready", self.load_error or "the model is still loading", 2.0)
+            raise self._not_ready()
         return self._engine.call(fn)
+
+    def _not_ready(self) -> Refused:
+        return Refused(503, "not_ready", self.load_error or "the model is still loading", 2.0)
