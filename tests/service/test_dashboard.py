@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from renderq.core.settings import INTERACTIVE, ModelSpec
 from renderq.service.config import ServiceConfig
+from renderq.service.interactive import Refused
 from renderq.service.metrics import recent_series
-from renderq.service.render import Refused, RenderService
+from renderq.service.render import RenderService
 
 NULL = ModelSpec("null")
 

@@ -63,7 +63,7 @@ def test_a_drain_reports_the_bulk_prompts_it_really_kept(tmp_path: Path, capsys:
 
     from renderq.backends.null import NullExecutor, NullScorer
     from renderq.core.types import Batch, BatchResult
-    from renderq.service.render import Defaults
+    from renderq.service.loading import Defaults
     from renderq.store.sqlite import JobStore
 
     class Slow(NullExecutor):
@@ -125,15 +125,15 @@ def test_n_above_the_tenant_limit_is_a_bad_request_not_a_retry(tmp_path: Path) -
     svc.start()
     assert svc.ready.wait(timeout=60), svc.load_error
     with pytest.raises(ConfigError, match="n=5 is above this tenant's limit of 4"):
-        svc._check_admission("local", 5)
-    svc._check_admission("local", 4)
+        svc.outstanding.check_admission("local", 5, draining=False)
+    svc.outstanding.check_admission("local", 4, draining=False)
     svc.drain(timeout_s=30)
 
 
 def test_a_call_refused_part_way_answers_the_refusal_and_keeps_nothing(tmp_path: Path) -> None:
     import pytest
 
-    from renderq.service.render import Refused
+    from renderq.service.interactive import Refused
 
     cfg = ServiceConfig(spec=NULL, data_dir=tmp_path, max_n=8, max_queue_per_key=2)
     svc = RenderService(cfg)
@@ -149,7 +149,7 @@ def test_a_call_refused_part_way_answers_the_refusal_and_keeps_nothing(tmp_path:
     with pytest.raises(Refused) as info:
         asyncio.run(go())
     assert (info.value.status, info.value.reason) == (429, "queue_full")
-    assert svc._out == {} and svc._tenant_queued.get("local", 0) == 0
+    assert svc.outstanding.waiters == {} and svc.outstanding.tenant_queued.get("local", 0) == 0
     ok = asyncio.run(svc.generate(svc.build_requests("local", prompt="a", n=2, qa=False), None))
     assert [r.state for r in ok] == ["skipped", "skipped"]
     svc.drain(timeout_s=30)

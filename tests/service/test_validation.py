@@ -57,7 +57,8 @@ def test_a_negative_prompt_flux_would_ignore_is_a_400_naming_it(flux: Live) -> N
 
 def test_prompts_ride_in_their_text_encoders_length_bucket(flux: Live) -> None:
     svc = flux.service
-    ex = svc._executor
+    assert svc.model is not None
+    ex = svc.model.executor
     short, long = (ex.prompt_length(p) for p in (SHORT, LONG))  # type: ignore[union-attr]
     assert 0 < short.bucket < long.bucket and long.truncated and not short.truncated
     [a] = svc.build_requests("local", prompt=SHORT, n=1, size=(32, 32))

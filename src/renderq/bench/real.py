@@ -22,7 +22,7 @@ from renderq.core.events import Accepted, Cancelled, Escalated, Regenerating
 from renderq.core.policies import Policy
 from renderq.core.protocols import Executor, Scorer
 from renderq.core.scheduler import Scheduler
-from renderq.core.settings import DEFAULT_SCORE_BATCH_SIZE, QASettings
+from renderq.core.settings import DEFAULT_SCORE_BATCH_SIZE, Batching, QASettings
 from renderq.core.types import (
     TERMINAL,
     Batch,
@@ -180,11 +180,6 @@ class RealBench:
             )
             executor, clock = interleaved, interleaved.clock
             rec.reference_s, rec.stretches = interleaved.reference_s, interleaved.stretches
-        sched = Scheduler(
-            policy,
-            qa=self.qa.policy(),
-            default_cap=policy.max_batch_size or 64,
-        )
         arrivals = scenario.arrivals()
         pending = list(range(len(arrivals)))
         all_done = threading.Event()
@@ -196,15 +191,14 @@ class RealBench:
                 all_done.set()
 
         recorder = _Recorder(rec, done)
-        engine = RealtimeEngine(
-            sched,
+        # The harness made ``policy`` from the command's batching; the score part is here.
+        engine = RealtimeEngine.build(
+            Batching(score_batch_size=self.score_batch_size), self.qa.policy(),
             {executor.device_class: executor},
-            self.scorer if self.qa.enabled else _Unscored(),
-            recorder,
-            score_batch_size=self.score_batch_size,
-            share_device=self.share_device,
-            clock=clock,
-        )
+            self.scorer if self.qa.enabled else _Unscored(), recorder, policy=policy,
+            default_cap=policy.max_batch_size or 64, share_device=self.share_device, clock=clock,
+        )  # fmt: skip
+        sched = engine.scheduler
         recorder.engine = engine
         rec.shared_device = self.qa.enabled and engine.shares_device
 

@@ -38,9 +38,8 @@ from renderq.core.errors import ConfigError, StorageError
 from renderq.core.events import Accepted, Escalated, Regenerating
 from renderq.core.ledger import Ledger, LedgerRow
 from renderq.core.protocols import Executor, Scorer
-from renderq.core.scheduler import Scheduler
 from renderq.core.seeds import MAX_SEED
-from renderq.core.settings import Batching, ModelSpec, QASettings, key_for, make_policy
+from renderq.core.settings import Batching, ModelSpec, QASettings, key_for
 from renderq.core.types import Batch, BatchKind, Request, Stage
 from renderq.jobs.prompts import PromptSpec, file_digest, generated_id, read_prompts
 from renderq.jobs.summary import Progress, RunSummary, summarise
@@ -463,13 +462,9 @@ def _drive(
         writer = DatasetWriter(settings.out)
         run, todo = _begin_run(settings, store, writer)
         respec_edits(store, executor)
-    sched = Scheduler(
-        make_policy(settings.batching),
-        qa=settings.qa.policy(),
-        ledger=restore_ledger(store),
-    )
+    ledger = restore_ledger(store)
     with storage_errors(settings.out):
-        writer.write_ledger(sched.ledger.report(prices=prices).to_dict())
+        writer.write_ledger(ledger.report(prices=prices).to_dict())
     all_rows = store.requests()
     counts = store.counts()
     # Prompts a reviewer rejected or edited escalated first: they are done here too.
@@ -486,12 +481,12 @@ def _drive(
         progress,
         config,
         on_progress,
-        ledger=sched.ledger,
+        ledger=ledger,
         prices=prices,
     )
     executors: dict[str, Any] = workers or {executor.device_class: executor}
-    engine = RealtimeEngine(
-        sched, executors, scorer, listener, score_batch_size=settings.batching.score_batch_size
+    engine = RealtimeEngine.build(
+        settings.batching, settings.qa.policy(), executors, scorer, listener, ledger=ledger
     )
     [render_class] = executors
     for row in all_rows:
@@ -501,7 +496,7 @@ def _drive(
     if on_progress is not None:
         on_progress(progress)
     engine.run()
-    report = sched.ledger.report(prices=prices)
+    report = ledger.report(prices=prices)
     with storage_errors(settings.out):
         refresh_views(store, writer)
         writer.write_ledger(report.to_dict())

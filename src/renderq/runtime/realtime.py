@@ -30,12 +30,16 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from renderq.core.admission import AdmissionConfig
 from renderq.core.errors import ConfigError, WorkerLost
 from renderq.core.events import Admission, Event, ToScore
 from renderq.core.ledger import Ledger, LedgerRow
+from renderq.core.policies import Policy
 from renderq.core.protocols import Executor, Scorer
-from renderq.core.scheduler import Scheduler
+from renderq.core.qa import QAPolicy
+from renderq.core.scheduler import CostLookup, Scheduler
 from renderq.core.score_stage import ScoreJob, ScoreStage, score_cap
+from renderq.core.settings import Batching, make_policy
 from renderq.core.types import (
     Batch,
     BatchKind,
@@ -143,6 +147,39 @@ class RealtimeEngine:
         self._sent: dict[int, float] = {}  # render batch id -> when its worker got it
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
+
+    @classmethod
+    def build(
+        cls,
+        batching: Batching,
+        qa: QAPolicy,
+        executors: Mapping[str, Executor | Sequence[Executor]],
+        scorer: Scorer,
+        listener: Listener,
+        *,
+        policy: Policy | None = None,
+        ledger: Ledger | None = None,
+        cost: CostLookup | None = None,
+        admission: AdmissionConfig | None = None,
+        default_cap: int = 64,
+        share_device: bool | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> RealtimeEngine:
+        """The engine ``run``, ``serve`` and ``bench`` drive: a new scheduler with
+        ``batching``'s policy and the QA decision ``qa``, scoring in ``batching``'s batches.
+
+        ``policy``: one ``make_policy`` already made from ``batching`` (the bench's harness
+        makes one per mode, windows included); ``ledger``, ``cost``, ``admission`` and
+        ``default_cap`` go to the :class:`Scheduler`, the rest to the engine.
+        """
+        sched = Scheduler(
+            policy or make_policy(batching), qa=qa, cost=cost, default_cap=default_cap,
+            admission=admission, ledger=ledger,
+        )  # fmt: skip
+        return cls(
+            sched, executors, scorer, listener, score_batch_size=batching.score_batch_size,
+            share_device=share_device, clock=clock,
+        )  # fmt: skip
 
     @property
     def shares_device(self) -> bool:

@@ -20,8 +20,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from renderq import __version__
 from renderq.core.errors import ConfigError
 from renderq.service.gallery import gallery_router
+from renderq.service.interactive import ImageResult, Refused
 from renderq.service.jobs import JobNotFound
-from renderq.service.render import ImageResult, Refused, RenderService
+from renderq.service.render import RenderService
 from renderq.service.review import service_review_router
 from renderq.service.schemas import (
     ErrorBody,

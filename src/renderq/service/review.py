@@ -17,7 +17,6 @@ prompt is queued at once, at review priority.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
@@ -242,10 +241,7 @@ def queue_edit(service: RenderService, job: ServiceJob, request_id: str, now: fl
         priority=BULK_REVIEW_PRIORITY, guidance_scale=float(job.meta["guidance"]),
         negative_prompt=str(row.spec.get("negative_prompt", "")), tenant=job.tenant, job=job.id,
     )  # fmt: skip
-    # RenderService has no call to queue one request of a job; this is what its own
-    # ``_submit_job`` does for a job's whole backlog.
-    service._backlog.setdefault(job.id, deque()).append(request)
-    service._top_up(now)
+    service.bulk.queue(job, request, now)
 
 
 def _not_found(name: str) -> JSONResponse:

@@ -1,0 +1,194 @@
+"""Bulk jobs in the service: created, fed to the queue, cancelled, resumed and drained.
+
+The jobs themselves are ``renderq run``-style folders (``service/jobs.py``, over the job
+runner of ``jobs/``). Their prompts flow into the shared scheduler from a backlog as room
+frees: backpressure, not refusal, so a job larger than the queue waits in its store and
+finishes without a restart. Every method runs on the engine's loop thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from renderq.core.scheduler import Scheduler
+from renderq.core.types import Batch, BatchKey, Request, RequestState
+from renderq.runtime.realtime import Step
+from renderq.service.config import ServiceConfig
+from renderq.service.interactive import Outstanding
+from renderq.service.jobs import SEP, JobBook, ServiceJob, job_shares
+
+DASHBOARD_JOBS = 20
+"""How many jobs ``/v1/stats`` lists (unfinished first, then the newest)."""
+
+
+class Bulk:
+    """Every bulk job of the service, and the backlogs that feed their prompts to the queue."""
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        jobs: JobBook,
+        outstanding: Outstanding,
+        scheduler: Callable[[], Scheduler],
+    ) -> None:
+        self.config = config
+        self.jobs = jobs
+        self.outstanding = outstanding
+        #: Bulk prompts waiting for room in their key's queue, per job (see :meth:`top_up`).
+        self.backlog: dict[str, deque[Request]] = {}
+        #: Set when the service drains: no more bulk prompts enter the queue.
+        self.stopped = False
+        #: How many queued requests of one key bulk work may hold (None: no limit): three
+        #: quarters of the per-key queue, so interactive requests of the key find room.
+        limit = config.max_queue_per_key
+        self.room = None if limit is None else max(1, limit * 3 // 4)
+        self._scheduler = scheduler
+
+    def create(
+        self,
+        tenant: str,
+        prompts: Sequence[tuple[str, int, str]],
+        key: BatchKey,
+        guidance: float,
+        lengths: Sequence[dict[str, Any]],
+        opts: dict[str, Any],
+        now: float,
+    ) -> str:
+        """Persist a job of prompts checked by the caller and queue them; returns its id."""
+        spec = self.config.spec
+        job = self.jobs.create(
+            tenant, prompts, lengths=lengths, key=key, guidance=guidance,
+            priority=int(opts.get("priority") or 0), mode=str(opts.get("mode", "dynamic")),
+            windows=opts.get("windows"), max_attempts=self.config.qa.max_attempts,
+            config={"model": spec.model, "scorer": spec.scorer, "guidance": guidance},
+        )  # fmt: skip
+        self.submit(job, now)
+        return job.id
+
+    def submit(self, job: ServiceJob, now: float) -> None:
+        """Queue every prompt of ``job`` not yet ended, as room frees."""
+        # Job windows are in Unix time; the scheduler's clock is the engine's.
+        self.backlog[job.id] = deque(job.pending_requests(clock_offset=now - time.time()))
+        self.top_up(now)
+
+    def queue(self, job: ServiceJob, request: Request, now: float) -> None:
+        """Queue one more request of ``job`` (a reviewer's edit) behind its backlog."""
+        self.backlog.setdefault(job.id, deque()).append(request)
+        self.top_up(now)
+
+    def top_up(self, now: float) -> None:
+        """Move bulk prompts from their jobs' backlogs into the queue as room frees."""
+        if not self.backlog or self.stopped:
+            return
+        sched, room = self._scheduler(), self.room
+        depths = sched.queue_depths()
+        for job_id, backlog in list(self.backlog.items()):
+            while backlog and (room is None or depths.get(backlog[0].key, 0) < room):
+                r = backlog.popleft()
+                if not sched.submit(r, now).admitted:  # full some other way: try again later
+                    sched.forget(r.id)
+                    backlog.appendleft(r)
+                    break
+                self.outstanding.track(r, now)
+                depths[r.key] = depths.get(r.key, 0) + 1
+            if not backlog:
+                del self.backlog[job_id]
+
+    def status(self, tenant: str, job_id: str) -> dict[str, Any]:
+        """A job's status, with ``in_flight``: its prompts in a running render or score batch."""
+        job = self.jobs.get(tenant, job_id)
+        busy = (RequestState.RUNNING, RequestState.SCORING)
+        prefix = job.id + SEP
+        # From the scheduler, not the tracked requests: a cancelled job's running prompts
+        # are no longer tracked but are still on the device.
+        in_flight = sum(
+            1
+            for rid, st in self._scheduler().states().items()
+            if st in busy and rid.startswith(prefix)
+        )
+        return {**job.status(), "in_flight": in_flight}
+
+    def cancel(self, tenant: str, job_id: str, now: float) -> dict[str, Any]:
+        """Cancel a job: queued prompts are dropped now, rendered images are kept."""
+        job = self.jobs.get(tenant, job_id)
+        job.mark_cancelled()
+        self.backlog.pop(job.id, None)
+        sched = self._scheduler()
+        for rid in [r for r in self.outstanding.waiters if r.startswith(job.id + SEP)]:
+            sched.cancel(rid, now)
+            self.outstanding.forget(rid)
+        return self.status(tenant, job_id)
+
+    def resume(self, now: float) -> None:
+        """Queue the unfinished jobs found on disk (after a restart)."""
+        for job in self.jobs.resume():
+            self.submit(job, now)
+
+    def cancel_queued(self, now: float) -> int:
+        """Drop queued and waiting bulk prompts (they stay pending in their job stores)."""
+        sched = self._scheduler()
+        kept = sum(len(b) for b in self.backlog.values())
+        self.backlog.clear()
+        for rid in list(self.outstanding.waiters):
+            if SEP in rid and sched.state(rid) is RequestState.QUEUED:
+                sched.cancel(rid, now)
+                self.outstanding.forget(rid)
+                kept += 1
+        return kept
+
+    def close(self) -> int:
+        """Close every job store; returns the prompts they keep pending for the next start.
+
+        Read from the stores, not counted while cancelling: a prompt regenerated during
+        the drain is pending too.
+        """
+        kept = 0
+        for job in self.jobs.jobs.values():
+            if job.meta["state"] != "cancelled":
+                kept += int(job.status()["pending"])
+        self.jobs.close()
+        return kept
+
+    def started(self, batch: Batch) -> None:
+        """Hand each job its part of a render batch that started."""
+        for job, reqs in self.jobs.split(batch.requests).items():
+            job.started(batch, reqs)
+
+    def step(self, step: Step, requests: Sequence[Request], seconds: float, dev: str) -> None:
+        """Commit each job's part of a step: its events, images and share of ``seconds``."""
+        shares = job_shares(requests, seconds, step.kind, dev)
+        for job, sub in self.jobs.split_step(step, shares).items():
+            job.step(sub)
+
+    def waiting(self, tenant: str | None = None) -> int:
+        """Bulk prompts (``tenant``'s, or all) still in their jobs' backlogs."""
+        return sum(
+            len(b)
+            for job_id, b in self.backlog.items()
+            if tenant is None or self.jobs.jobs[job_id].tenant == tenant
+        )
+
+    def progress(self, tenant: str | None) -> list[dict[str, Any]]:
+        """The dashboard's job rows (``tenant``'s, or all): unfinished first, then newest.
+
+        ``escalated`` counts every prompt that failed the gate and is not accepted (a
+        reviewer's rejections and edits included); ``waiting`` the prompts still in the
+        job's backlog, not yet in the queue.
+        """
+        jobs = [j for j in self.jobs.jobs.values() if tenant is None or j.tenant == tenant]
+        jobs.sort(key=lambda j: (j.state in ("done", "cancelled"), -float(j.meta["created"])))
+        rows = []
+        for job in jobs[:DASHBOARD_JOBS]:
+            counts = job.store.counts()
+            accepted, pending = counts.get("accepted", 0), counts.get("pending", 0)
+            escalated = sum(counts.get(s, 0) for s in ("escalated", "rejected", "edited"))
+            rows.append({
+                "id": job.id, "tenant": job.tenant, "state": job.state,
+                "mode": str(job.meta["mode"]), "total": len(job.rows), "accepted": accepted,
+                "escalated": escalated, "pending": pending,
+                "waiting": len(self.backlog.get(job.id, ())),
+            })  # fmt: skip
+        return rows
