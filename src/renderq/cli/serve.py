@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from renderq.backends.adapters import parse_adapter_paths
 from renderq.core.errors import ConfigError
 
 DRAIN_S = 120
@@ -32,6 +33,14 @@ def serve_command(
         int | None,
         typer.Option(help="Torch CPU threads (default 0: the cores other work leaves free)."),
     ] = None,
+    lora: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--lora",
+            metavar="NAME=PATH",
+            help="A LoRA adapter requests and jobs may name ('lora'); repeat for more.",
+        ),
+    ] = None,
 ) -> None:
     """Serve interactive renders and bulk jobs over HTTP, batched dynamically.
 
@@ -53,6 +62,7 @@ def serve_command(
             f"serve needs the serve extra: pip install 'renderq[serve]' ({exc})"
         ) from None
     try:
+        adapters = tuple(parse_adapter_paths(lora).items()) if lora else None
         cfg = load_config(
             config,
             host=host,
@@ -64,6 +74,7 @@ def serve_command(
             max_batch_size=max_batch_size,
             max_queue_delay_s=max_queue_delay,
             threads=threads,
+            adapters=adapters,
         )
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None

@@ -209,6 +209,7 @@ def create_app(service: RenderService) -> FastAPI:
             seed=body.seed,
             priority=body.priority,
             negative_prompt=body.negative_prompt,
+            lora=body.lora,
             qa=body.qa,
         )
         results = await service.generate(reqs, body.deadline_s)
@@ -236,6 +237,7 @@ def create_app(service: RenderService) -> FastAPI:
             size=_size(body.size),
             steps=body.steps,
             guidance=body.guidance,
+            lora=body.lora,
             priority=body.priority,
             mode=body.mode,
             windows=(body.windows or "always") if body.mode == "window" else None,

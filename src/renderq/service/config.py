@@ -26,6 +26,9 @@ A config file looks like::
     [limits]
     max_body_bytes = 8388608
 
+    [lora]               # adapters a request or a job may name ("lora": "ink@0.8")
+    ink = "/loras/ink"   # a folder or hub id, loaded once at start
+
 The model, batching and QA keys (also ``precision``, ``guidance``, ``threshold``,
 ``max_attempts``, ``score_batch_size``) fill the settings every command shares
 (``renderq.core.settings``), checked there; the batching defaults are the interactive ones.
@@ -178,7 +181,9 @@ def load_config(
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
         for key, value in raw.items():
-            if key in _SECTIONS and isinstance(value, dict):
+            if key == "lora" and isinstance(value, dict):
+                data["adapters"] = tuple((str(k), str(v)) for k, v in value.items())
+            elif key in _SECTIONS and isinstance(value, dict):
                 data.update(value)
             else:
                 data[key] = value

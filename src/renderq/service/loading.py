@@ -51,12 +51,25 @@ class Served:
         if steps > self.config.max_steps:
             raise ConfigError(f"steps must be at most {self.config.max_steps}, got {steps}")
         guidance = d.guidance if opts.get("guidance") is None else float(opts["guidance"])
+        adapter = self.adapter(opts.get("lora") or "")
         spec = self.config.spec  # the key rule ``renderq run`` uses
         key = key_for(
             spec.model, width, height, steps, guidance, d.sampler, spec.precision,
-            self.executor.device_class,
+            self.executor.device_class, adapter=adapter,
         )  # fmt: skip
         return key, guidance
+
+    def adapter(self, label: str) -> str:
+        """``label`` (``NAME`` or ``NAME@SCALE``) in its key form, checked against the
+        adapters the service loaded (ConfigError naming it otherwise)."""
+        if not label:
+            return ""
+        if getattr(self.executor, "check_adapter", None) is None:
+            raise ConfigError(f"lora {label!r}: the model {self.config.spec.model!r} takes none")
+        from renderq.backends.adapters import adapter_label, parse_label
+
+        self.check("check_adapter", label)
+        return adapter_label(*parse_label(label))
 
     def prompt_key(
         self, key: BatchKey, prompt: str, negative_prompt: str = ""
@@ -91,8 +104,9 @@ def load_models(config: ServiceConfig) -> tuple[Executor, Scorer, Defaults]:
         return null, NullScorer(), Defaults(null.size, null.size, 1, 0.0, 0.0, null.sampler)
 
     executor = DiffusersExecutor.load(
-        resolve(spec.model), device=spec.device, precision=spec.precision, name=spec.model
-    )
+        resolve(spec.model), device=spec.device, precision=spec.precision, name=spec.model,
+        adapters=dict(spec.adapters),
+    )  # fmt: skip
     scorer = ClipScorer.load(resolve(spec.scorer), device=spec.device, name=spec.scorer)
     width, height = executor.default_size()
     steps, guidance = spec.resolve(*model_defaults(spec.model))

@@ -33,6 +33,9 @@ class GenerationRequest(BaseModel):
     steps: int | None = Field(None, ge=1, description="Denoising steps (capped by the service).")
     guidance: float | None = Field(None, ge=0.0, le=50.0)
     negative_prompt: str | None = Field(None, max_length=4000)
+    lora: str | None = Field(
+        None, max_length=200, description="A configured LoRA adapter: NAME or NAME@SCALE."
+    )
     priority: int = Field(0, ge=0, le=9, description="Higher first; always ahead of bulk.")
     deadline_s: float | None = Field(None, gt=0, le=86_400)
     qa: bool = Field(True, description="Gate each image and regenerate failures first.")
@@ -81,6 +84,9 @@ class JobCreate(BaseModel):
     size: str | None = Field(None, pattern=_SIZE)
     steps: int | None = Field(None, ge=1)
     guidance: float | None = Field(None, ge=0.0, le=50.0)
+    lora: str | None = Field(
+        None, max_length=200, description="The job's LoRA adapter: NAME or NAME@SCALE."
+    )
     seed: int = Field(0, ge=0, lt=2**62, description="Seed of the first prompt; +1 per prompt.")
     mode: Literal["dynamic", "window"] = "dynamic"
     windows: str | None = Field(
