@@ -21,10 +21,12 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 
+from renderq.backends.diffusers import DiffusersExecutor
 from renderq.backends.step import StepExecutor, StepState
 from renderq.core.errors import ConfigError, WorkerLost
 from renderq.core.protocols import Executor
@@ -171,3 +173,23 @@ class _Slot:
         answers = [self.loop.submit(r).result() for r in batch.requests]
         seconds = sum(s for _, s in answers)
         return BatchResult(batch.id, tuple(i for i, _ in answers), seconds, self.device_class)
+
+
+@contextmanager
+def step_workers(
+    executor: DiffusersExecutor, cap: int
+) -> Iterator[tuple[StepLoop, dict[str, list[Executor]]]]:
+    """Step mode on a loaded pipeline: its loop and the slots to hand the engine, by class.
+
+    The loop drives ``executor``'s own pipeline (nothing is loaded twice); a pipeline the
+    step executor cannot drive (Flux, LCM-style UNets) is refused with a ConfigError.
+    """
+    runner = StepExecutor(
+        executor.pipeline, executor.model, device=executor.device,
+        precision=executor.precision, device_class=executor.device_class,
+    )  # fmt: skip
+    loop = StepLoop(runner, cap)
+    try:
+        yield loop, {loop.device_class: loop.slots()}
+    finally:
+        loop.close()
