@@ -115,3 +115,40 @@ def test_a_request_that_cannot_be_prepared_fails_alone(mini64: DiffusersExecutor
         loop.close()
     with pytest.raises(WorkerLost, match="not running"):
         slot_a.run(Batch(3, good.key, (good,), 0.0, 1))
+
+
+def test_run_in_step_mode_gates_regenerates_and_resumes(tmp_path, tiny_model, tiny_clip):  # type: ignore[no-untyped-def]
+    import json
+
+    from renderq.jobs.runner import run_job
+
+    from .conftest import run_settings, write_prompts
+
+    prompts = write_prompts(tmp_path / "p.txt")
+    outs = {}
+    for mode in ("dynamic", "step"):
+        out = tmp_path / mode
+        summary = run_job(run_settings(prompts, out, tiny_model, tiny_clip, mode=mode))
+        lines = [json.loads(x) for x in (out / "metadata.jsonl").read_text().splitlines()]
+        outs[mode] = (summary, {(m["id"], m["seed"]) for m in lines})
+    step, dynamic = outs["step"][0], outs["dynamic"][0]
+    assert step.accepted + step.escalated == 8 == dynamic.accepted + dynamic.escalated
+    assert step.ledger.seconds["regen"] > 0  # the gate sent some back, through the scheduler
+    # The same prompts accepted with the same seeds: the gate judged the same images.
+    assert outs["step"][1] == outs["dynamic"][1]
+    assert step.mean_batch_size > 1  # requests shared steps
+    again = run_job(run_settings(prompts, tmp_path / "step", tiny_model, tiny_clip, mode="step"))
+    assert again.submitted == 0
+
+
+def test_step_mode_refuses_a_device_pool(tmp_path, tiny_model, tiny_clip):  # type: ignore[no-untyped-def]
+    from renderq.backends.pool import WorkerSpec
+    from renderq.core.errors import ConfigError
+    from renderq.jobs.runner import run_job
+
+    from .conftest import run_settings, write_prompts
+
+    settings = run_settings(write_prompts(tmp_path / "p.txt"), tmp_path / "o", tiny_model,
+                            tiny_clip, mode="step")  # fmt: skip
+    with pytest.raises(ConfigError, match="--mode step"):
+        run_job(settings, devices=[WorkerSpec("cpu", "cpu", 1)])

@@ -178,3 +178,21 @@ def test_a_request_alone_in_step_mode_takes_its_steps() -> None:
     assert result.ledger.seconds["render"] == pytest.approx(0.01 + steps * 0.05)
     with pytest.raises(ConfigError, match="one device's step loop"):
         _sim(StepSlots(8), (Arrival(0.0),), cost, render_workers=2)
+
+
+def test_step_mode_takes_turns_with_a_scorer_on_its_device() -> None:
+    import random
+
+    from renderq.core.policies import StepSlots
+    from renderq.runtime.arrivals import arrivals
+
+    trace = tuple(arrivals("poisson:5", 300, random.Random(1)))
+    cost = StepCost(LatencyCurve((1, 8), (0.01, 0.04)))
+    apart = _sim(StepSlots(8), trace, cost, failure_rate=0.2)
+    turns = _sim(StepSlots(8), trace, cost, failure_rate=0.2, share_device=True)
+    # Scoring on the loop's device runs between steps: nothing starves, everything ends,
+    # and requests wait longer than with a scorer of its own, by no more than its work.
+    assert turns.unfinished == 0 and turns.accepted + turns.escalated == 300
+    assert (turns.accepted, turns.rerenders) == (apart.accepted, apart.rerenders)
+    p99 = turns.percentile(99) or 0.0
+    assert (apart.percentile(99) or 0.0) <= p99 < (apart.percentile(99) or 0.0) + 2.0

@@ -9,6 +9,12 @@ count ends, one step key at a time). So the scheduler keeps everything it does f
 other modes (priorities, admission, the QA gate and its regenerations, the ledger) and the
 loop only decides who rides in each step.
 
+Where the scorer shares the loop's device (a CPU, one GPU for both stages), it takes turns
+with the steps: :meth:`StepLoop.beside` wraps it so that each score batch runs on the loop's
+thread at the next step boundary, before the next step. (The engine's own turn-taking
+waits for every render worker of the class to be free, which a busy loop's slots never
+all are: scoring would wait for the queue to drain.)
+
 A request is prepared (prompt encoded, latents drawn) when it reaches the loop, so a
 failure there answers it alone; a failed step or decode answers the requests it ran,
 never the others. Each request's device-seconds are its prepare, an equal share of every
@@ -25,13 +31,14 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from renderq.backends.diffusers import DiffusersExecutor
 from renderq.backends.step import StepExecutor, StepState
 from renderq.core.errors import ConfigError, WorkerLost
-from renderq.core.protocols import Executor
+from renderq.core.protocols import Executor, Scorer
 from renderq.core.step import StepBatcher
-from renderq.core.types import Batch, BatchResult, ItemResult, Request
+from renderq.core.types import Batch, BatchResult, ItemResult, Request, ScoreResult
 
 Answer = Future[tuple[ItemResult, float]]
 """A request's image (or error) and the device-seconds booked to it."""
@@ -59,7 +66,7 @@ class StepLoop:
         self.cap = cap
         self.device_class = runner.device_class
         self._clock = clock
-        self._inbox: queue.SimpleQueue[tuple[Request, Answer] | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[tuple[Request, Answer] | _Call | None] = queue.SimpleQueue()
         self._batcher = StepBatcher(cap=cap)
         self._states: dict[str, _Waiting] = {}
         #: Running-batch size of every step, in order (for reports).
@@ -80,6 +87,21 @@ class StepLoop:
         answer: Answer = Future()
         self._inbox.put((request, answer))
         return answer
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the loop's thread between two steps (at once when it is idle) and
+        return its result: work that must not overlap the steps on the device."""
+        if self._closed or not self._thread.is_alive():
+            raise WorkerLost(f"the step loop of {self.device_class!r} is not running")
+        done: Future[Any] = Future()
+        self._inbox.put(_Call(fn, done))
+        return done.result()
+
+    def beside(self, scorer: Scorer) -> Scorer:
+        """``scorer``, taking turns with the steps when it scores on the loop's device class."""
+        if scorer.device_class != self.device_class:
+            return scorer
+        return _TurnScorer(scorer, self)
 
     def close(self) -> None:
         """Stop the loop after the step in progress; requests still in it fail."""
@@ -112,6 +134,10 @@ class StepLoop:
                 return True
             if msg is None:
                 return False
+            if isinstance(msg, _Call):
+                msg.run()
+                block = False
+                continue
             request, answer = msg
             try:
                 state = self.runner.prepare(request)
@@ -154,6 +180,33 @@ class StepLoop:
 
     def _now(self) -> float:
         return self._clock()
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """Work for the loop's thread between steps, and where its result goes."""
+
+    fn: Callable[[], Any]
+    done: Future[Any]
+
+    def run(self) -> None:
+        try:
+            self.done.set_result(self.fn())
+        except BaseException as exc:  # handed to the caller, who raises it
+            self.done.set_exception(exc)
+
+
+class _TurnScorer:
+    """A scorer whose batches run on a step loop's thread, between its steps."""
+
+    def __init__(self, scorer: Scorer, loop: StepLoop) -> None:
+        self.inner, self.loop = scorer, loop
+        self.device_class = scorer.device_class
+
+    def score(self, images: Sequence[Any], prompts: Sequence[str]) -> ScoreResult:
+        """Score at the loop's next step boundary."""
+        result: ScoreResult = self.loop.call(lambda: self.inner.score(images, prompts))
+        return result
 
 
 def _error(state: StepState, exc: BaseException) -> ItemResult:

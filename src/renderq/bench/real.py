@@ -12,10 +12,13 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from renderq.backends.diffusers import DiffusersExecutor
+from renderq.backends.step_loop import step_workers
 from renderq.bench.harness import Backend, Scenario
 from renderq.core.errors import ConfigError
 from renderq.core.events import Accepted, Cancelled, Escalated, Regenerating
@@ -64,6 +67,8 @@ class Recording:
     stretches: list[tuple[int, float]] = field(default_factory=list)
     """Images and render device-seconds of the mode before each reference batch, in order;
     with interleaving, a last entry holds what it rendered after the last one."""
+    step_sizes: list[int] | None = None
+    """Step mode: the running batch's size at every step (render batches are of one)."""
 
     def arrivals(self) -> tuple[Arrival, ...]:
         """The submit times as a trace, in request-id order (ids are ``r0000000``...)."""
@@ -180,6 +185,8 @@ class RealBench:
             )
             executor, clock = interleaved, interleaved.clock
             rec.reference_s, rec.stretches = interleaved.reference_s, interleaved.stretches
+        if policy.name == "step" and interleave is not None:
+            raise ConfigError("reference batches cannot interleave step mode's loop")
         arrivals = scenario.arrivals()
         pending = list(range(len(arrivals)))
         all_done = threading.Event()
@@ -190,37 +197,50 @@ class RealBench:
             if len(rec.finished) == len(arrivals):
                 all_done.set()
 
-        recorder = _Recorder(rec, done)
-        # The harness made ``policy`` from the command's batching; the score part is here.
-        engine = RealtimeEngine.build(
-            Batching(score_batch_size=self.score_batch_size), self.qa.policy(),
-            {executor.device_class: executor},
-            self.scorer if self.qa.enabled else _Unscored(), recorder, policy=policy,
-            default_cap=policy.max_batch_size or 64, share_device=self.share_device, clock=clock,
-        )  # fmt: skip
-        sched = engine.scheduler
-        recorder.engine = engine
-        rec.shared_device = self.qa.enabled and engine.shares_device
+        with ExitStack() as stack:
+            executors: dict[str, Any] = {executor.device_class: executor}
+            scorer = self.scorer if self.qa.enabled else _Unscored()
+            share: bool | None = self.share_device
+            step_turns = False
+            if policy.name == "step":  # the slots of one step loop on the bench's pipeline
+                loop, executors = stack.enter_context(
+                    step_workers(_pipeline_of(self.executor), policy.max_batch_size or 16)
+                )
+                rec.step_sizes = loop.step_sizes
+                turns = loop.beside(scorer)  # scoring at step boundaries, on the same device
+                share, step_turns, scorer = False, turns is not scorer, turns
+            recorder = _Recorder(rec, done)
+            # The harness made ``policy`` from the command's batching; the score part is here.
+            engine = RealtimeEngine.build(
+                Batching(score_batch_size=self.score_batch_size), self.qa.policy(),
+                executors, scorer, recorder,
+                policy=policy, default_cap=policy.max_batch_size or 64,
+                share_device=share, clock=clock,
+            )  # fmt: skip
+            sched = engine.scheduler
+            recorder.engine = engine
+            rec.shared_device = self.qa.enabled and (engine.shares_device or step_turns)
 
-        def submit(i: int, now: float) -> None:
-            rec.submitted[f"r{i:07d}"] = now
-            sched.submit(self.request(i, now), now)
+            def submit(i: int, now: float) -> None:
+                rec.submitted[f"r{i:07d}"] = now
+                sched.submit(self.request(i, now), now)
 
-        if scenario.name == "offline":
-            for i in pending:
-                submit(i, 0.0)
-            pending.clear()
-            engine.run()
-        elif scenario.streams is not None:
-            submit(pending.pop(0), 0.0)
-            engine.run()
-        else:
-            feeder = threading.Thread(target=self._feed, args=(engine, arrivals, submit, all_done))
-            feeder.start()
-            engine.run(until_idle=False)
-            feeder.join()
-        if isinstance(executor, _Interleaved):
-            executor.close_stretch()
+            if scenario.name == "offline":
+                for i in pending:
+                    submit(i, 0.0)
+                pending.clear()
+                engine.run()
+            elif scenario.streams is not None:
+                submit(pending.pop(0), 0.0)
+                engine.run()
+            else:
+                feed = (engine, arrivals, submit, all_done)
+                feeder = threading.Thread(target=self._feed, args=feed)
+                feeder.start()
+                engine.run(until_idle=False)
+                feeder.join()
+            if isinstance(executor, _Interleaved):
+                executor.close_stretch()
         self.last = rec
         return self._result(policy, sched, rec)
 
@@ -243,7 +263,7 @@ class RealBench:
             mode=policy.name,
             ledger=sched.ledger.report(),
             latencies=tuple(rec.finished[r] - rec.submitted[r] for r in sorted(rec.finished)),
-            batch_sizes=tuple(rec.sizes.values()),
+            batch_sizes=tuple(rec.step_sizes if rec.step_sizes is not None else rec.sizes.values()),
             accepted=rec.accepted,
             escalated=rec.escalated,
             rejected=sum(1 for s in states.values() if s is RequestState.REJECTED),
@@ -330,3 +350,10 @@ class _Unscored:
     def score(self, images: Sequence[Any], prompts: Sequence[str]) -> ScoreResult:
         """No scores, no time."""
         return ScoreResult((None,) * len(images), 0.0, self.device_class)
+
+
+def _pipeline_of(executor: Executor) -> DiffusersExecutor:
+    """The diffusers executor step mode drives (step mode needs a loaded pipeline)."""
+    if not isinstance(executor, DiffusersExecutor):
+        raise ConfigError(f"step mode needs a diffusers pipeline; the bench has {executor!r}")
+    return executor

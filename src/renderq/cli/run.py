@@ -30,7 +30,7 @@ def qa_settings(
 def run(
     prompts: Path = typer.Argument(..., help="Text file (one prompt a line) or JSONL file."),
     out: Path = typer.Option(..., "--out", help="Output folder (re-run to resume)."),
-    mode: str = typer.Option(_BATCHING.mode, help="Batching: adhoc, dynamic or window."),
+    mode: str = typer.Option(_BATCHING.mode, help="Batching: adhoc, dynamic, window or step."),
     model: str = typer.Option(_SPEC.model, help="Pipeline: folder, hub id, embedded:*."),
     scorer: str = typer.Option(_SPEC.scorer, help="CLIP model: folder, hub id, embedded:*."),
     threshold: float = typer.Option(

@@ -34,12 +34,13 @@ from renderq.backends.registry import (
     scorer_default_threshold,
     vocabulary_notice,
 )
+from renderq.backends.step_loop import StepLoop, step_workers
 from renderq.core.errors import ConfigError, StorageError
 from renderq.core.events import Accepted, Escalated, Regenerating
 from renderq.core.ledger import Ledger, LedgerRow
 from renderq.core.protocols import Executor, Scorer
 from renderq.core.seeds import MAX_SEED
-from renderq.core.settings import Batching, ModelSpec, QASettings, key_for
+from renderq.core.settings import DEFAULT_MAX_BATCH_SIZE, Batching, ModelSpec, QASettings, key_for
 from renderq.core.types import Batch, BatchKind, Request, Stage
 from renderq.jobs.prompts import PromptSpec, file_digest, generated_id, read_prompts
 from renderq.jobs.summary import Progress, RunSummary, summarise
@@ -49,6 +50,7 @@ from renderq.output.dataset import METADATA, REVIEW, DatasetWriter
 from renderq.runtime.realtime import RealtimeEngine, Step
 from renderq.store.lock import FolderLock
 from renderq.store.sqlite import (
+    NOT_ACCEPTED,
     AttemptRow,
     JobStore,
     Outcome,
@@ -388,6 +390,11 @@ def run_job(
     a new local one when None).
     """
     check_backend(backend)
+    if devices and settings.batching.mode == "step":
+        raise ConfigError(
+            "--mode step runs one step loop on the run's --device; --devices is not "
+            "supported with it"
+        )
     specs = read_prompts(settings.prompts)
     settings = settings.resolved()
     spec = settings.spec
@@ -431,6 +438,13 @@ def run_job(
                 with storage_errors(settings.out):
                     store.create_job(wanted, rows)
             prices = dict(prices or {})
+            if not devices and settings.batching.mode == "step":
+                assert scorer is not None
+                cap = settings.batching.max_batch_size or DEFAULT_MAX_BATCH_SIZE
+                with step_workers(executor, cap) as (loop, slots):
+                    return _drive(
+                        settings, store, executor, scorer, on_progress, prices, slots, loop
+                    )
             if not devices:
                 assert scorer is not None  # loaded above unless remote, which needs devices
                 return _drive(settings, store, executor, scorer, on_progress, prices)
@@ -456,7 +470,10 @@ def _drive(
     on_progress: Callable[[Progress], None] | None,
     prices: Mapping[str, float],
     workers: dict[str, list[Executor]] | None = None,
+    step: StepLoop | None = None,
 ) -> RunSummary:
+    """Drive one run to the end. ``step``: step mode's loop (``workers`` are its slots);
+    the summary's batch sizes are then its running batch at every step."""
     started = time.monotonic()
     with storage_errors(settings.out):
         writer = DatasetWriter(settings.out)
@@ -468,7 +485,7 @@ def _drive(
     all_rows = store.requests()
     counts = store.counts()
     # Prompts a reviewer rejected or edited escalated first: they are done here too.
-    ended = sum(counts.get(s, 0) for s in ("escalated", "rejected", "edited"))
+    ended = sum(counts.get(s, 0) for s in NOT_ACCEPTED)
     progress = Progress(len(all_rows), accepted=counts.get("accepted", 0), escalated=ended)
     prompts = {r.prompt.id: r.prompt for r in all_rows}
     config = store.job_config() or {}
@@ -486,8 +503,10 @@ def _drive(
     )
     executors: dict[str, Any] = workers or {executor.device_class: executor}
     engine = RealtimeEngine.build(
-        settings.batching, settings.qa.policy(), executors, scorer, listener, ledger=ledger
-    )
+        settings.batching, settings.qa.policy(), executors,
+        step.beside(scorer) if step else scorer, listener, ledger=ledger,
+        share_device=False if step else None,  # the loop takes turns with the scorer itself
+    )  # fmt: skip
     [render_class] = executors
     for row in all_rows:
         if row.prompt.id in todo:
@@ -502,9 +521,10 @@ def _drive(
         writer.write_ledger(report.to_dict())
         store.finish_run(run)
     wall = time.monotonic() - started
-    share, threads = _cpu_share(executor, scorer)
+    share, threads = _cpu_share(step.runner if step else executor, scorer)
+    sizes = step.step_sizes if step else listener.batch_sizes
     return summarise(
-        settings.batching.mode, str(settings.out), store, report, listener.batch_sizes, wall,
+        settings.batching.mode, str(settings.out), store, report, sizes, wall,
         submitted=len(todo), cpu_share=share, threads=threads,
     )  # fmt: skip
 

@@ -196,7 +196,9 @@ class _Loop:
     def step(self, now: float) -> None:
         """A step boundary of the step loop: its finished batches come back when it ends."""
         assert self.steps is not None
-        end, results = self.steps.boundary(now)
+        end, results, scored = self.steps.boundary(now)
+        for at, payload in scored:
+            self.push(at, _SCORED, payload)
         for batch, result in results:
             self.push(end, _RENDERED, (batch, result))
         self.steps.running = not self.steps.batcher.idle()
@@ -242,6 +244,12 @@ class _Loop:
             else:  # no gate: nothing is scored, nothing costs scorer time
                 result = ScoreResult((None,) * len(reqs), 0.0, self.scorer.device_class)
                 held = 0.0
+            if self.steps is not None and self.cfg.share_device:
+                # On the loop's device: scored at its next step boundary, before the step.
+                at = self.steps.add_score(held, (reqs, result), now)
+                if at is not None:
+                    self.push(at, _SCORED, (reqs, result))
+                return
             self.push(now + held, _SCORED, (reqs, result))
 
     def start(self, batch: Batch, now: float) -> None:
@@ -347,7 +355,8 @@ def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
         ScoreStage(
             score_cap(cfg.score_batch_size, policy.max_batch_size, profile.score.cap()),
             profile.device_class,
-            shared=profile.device_class if cfg.share_device else None,
+            # Step mode's loop takes turns with a scorer on its device itself (below).
+            shared=profile.device_class if cfg.share_device and policy.name != "step" else None,
         ),
         free=cfg.render_workers,
     )

@@ -221,6 +221,10 @@ class VirtualStepLoop:
     _batch_of: dict[str, Batch] = field(default_factory=dict)
     _left: dict[int, int] = field(default_factory=dict)
     running: bool = False
+    #: Score batches waiting for the next boundary (scorer on the loop's device), and
+    #: when the device is free of the last one scored while the loop was idle.
+    _scores: list[tuple[float, Any]] = field(default_factory=list)
+    _free_at: float = 0.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.cap <= self.cost.cap:
@@ -238,11 +242,29 @@ class VirtualStepLoop:
             self._spent[r.id] = 0.0
             self.batcher.submit(r, now)
 
-    def boundary(self, now: float) -> tuple[float, list[tuple[Batch, BatchResult]]]:
-        """Run the next step from ``now``: when it ends, and the batches that finished."""
+    def add_score(self, seconds: float, payload: Any, now: float) -> float | None:
+        """A score batch for the loop's device: when it ends if the loop is idle (it runs
+        at once), else None (it runs at the next boundary, see :meth:`boundary`)."""
+        if self.running:
+            self._scores.append((seconds, payload))
+            return None
+        self._free_at = max(now, self._free_at) + seconds
+        return self._free_at
+
+    def boundary(
+        self, now: float
+    ) -> tuple[float, list[tuple[Batch, BatchResult]], list[tuple[float, Any]]]:
+        """Run the next step from ``now``: when it ends, the batches that finished, and the
+        score batches run first at this boundary with when each ended."""
+        now = max(now, self._free_at)
+        scored = []
+        for seconds, payload in self._scores:
+            now += seconds
+            scored.append((now, payload))
+        self._scores.clear()
         plan = self.batcher.plan(now)
         if not plan.run:
-            return now, []
+            return now, [], scored
         for r in plan.join:
             self._spent[r.id] += self.cost.prepare_s
         prepare = self.cost.prepare_s * len(plan.join)
@@ -268,4 +290,4 @@ class VirtualStepLoop:
                 for q in batch.requests:
                     del self._batch_of[q.id], self._remaining[q.id]
                 out.append((batch, BatchResult(batch.id, items, seconds, self.device_class)))
-        return end, out
+        return end, out, scored
