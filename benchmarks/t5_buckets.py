@@ -7,15 +7,18 @@ each prompt at the smallest bucket (64, 128, 256, 512) that holds it. This scrip
    transformers and the T5-XXL encoder built on the meta device from the configs in
    ``t5/`` (the CLIP towers from ``gpu/sdxl/``, the same CLIP-L and OpenCLIP bigG-14), FLOPs
    counted with ``torch.utils.flop_counter`` at 1024x1024 per bucket: one transformer
-   step, one T5 encoding, a whole image (SD3: 28 steps with CFG, two transformer passes
-   a step, the negative prompt encoded too; Flux-dev: 28 steps, one pass), and the share
-   saved against the pipeline's default padding. SD3's joint transformer reads CLIP's 77
-   tokens and the T5 tokens as text tokens; Flux's reads the T5 tokens only.
+   pass, one T5 encoding, a whole image (SD3: 28 steps with CFG, two transformer passes
+   a step, the negative prompt encoded too; Flux-dev: 28 steps, one pass; both with their
+   CLIP encodings and the VAE decode), and the share saved against the pipeline's default
+   padding. SD3's joint transformer reads CLIP's 77 tokens and the T5 tokens as text
+   tokens; Flux's reads the T5 tokens only.
 2. **Tiny pipelines, timed**: ``renderq.testing.tiny`` SD3 and Flux rendered through
    ``DiffusersExecutor`` (the bucket -> ``max_sequence_length`` path of ``renderq run``) at
    the size whose image-token count is the full-size one (64 x 64 patches: 4096), every
-   bucket in each round (the order rotating), the median of the rounds, split into T5,
-   transformer and the rest; beside the same FLOP count for the tiny config.
+   bucket in each round (the order rotating), split into T5, transformer and the rest
+   (medians of the rounds); each bucket's time against the default padding is the median of
+   the rounds' ratios (one round's renders follow each other, so a slow spell of a shared
+   machine weighs on both), beside the same ratio of the tiny config's counted FLOPs.
 3. **Does the padding change the image?** The same seed and prompt at each bucket against
    the default padding (max abs pixel difference, 0-255). Random weights give no pass
    rate; that needs the real weights and a real CLIP (see docs/benchmarks.md).
@@ -24,7 +27,8 @@ each prompt at the smallest bucket (64, 128, 256, 512) that holds it. This scrip
     python benchmarks/t5_buckets.py --json t5.json
     python benchmarks/t5_buckets.py --steps 2 --repeats 1 --size 32   # quick
 
-Config sources (each value checked against the published ``config.json`` text):
+Config sources (the keys that shape the layers, each value checked against the text of the
+published ``config.json``, as quoted in public code):
 ``t5/sd3_transformer.json``: stabilityai/stable-diffusion-3-medium-diffusers,
 transformer/config.json (2.03 B parameters); ``t5/flux_transformer.json``:
 black-forest-labs/FLUX.1-dev, transformer/config.json (11.9 B); ``t5/t5_xxl.json``: the
@@ -240,10 +244,12 @@ def measure_tiny(
         rows.append(dict(f, seconds=total, t5_s=t5, transformer_s=tr, other_s=total - t5 - tr,
                          runs=[x[0] for x in times[b]], repeat_px_diff=again,
                          max_px_diff=int(np.abs(first - images[limit][0]).max())))  # fmt: skip
-    for r in rows:
-        r["time_ratio"], r["flop_ratio"] = r["seconds"] / rows[-1]["seconds"], 1 - r["saved"]
-        r["tr_time_ratio"] = r["transformer_s"] / rows[-1]["transformer_s"]
-        r["tr_flop_ratio"] = r["pass"] / rows[-1]["pass"]
+    for r in rows:  # each round's ratio to the default padding, then the median of rounds:
+        # a round runs every bucket back to back, so a slow spell weighs on both sides
+        pairs = list(zip(times[r["bucket"]], times[limit], strict=True))
+        r["time_ratio"] = statistics.median(x[0] / d[0] for x, d in pairs)
+        r["tr_time_ratio"] = statistics.median(x[2] / d[2] for x, d in pairs)
+        r["flop_ratio"], r["tr_flop_ratio"] = 1 - r["saved"], r["pass"] / rows[-1]["pass"]
     return dict(arch=arch, size=size, steps=steps, repeats=repeats, guidance=guidance,
                 image_tokens=(latent // 2) ** 2, prompt_bucket=ex.prompt_length(PROMPT).bucket,
                 limit=limit, cpu_share=ex.timer.cpu_share(), rows=rows)  # fmt: skip
@@ -270,7 +276,7 @@ def report(full: dict[str, Any], tiny: list[dict[str, Any]], sd: dict[str, Any])
     for t in tiny:
         print(
             f"\n## tiny {t['arch']}, {t['size']}x{t['size']} ({t['image_tokens']} image tokens), "
-            f"{t['steps']} steps, guidance {t['guidance']}, median of {t['repeats']}; the prompt "
+            f"{t['steps']} steps, guidance {t['guidance']}, {t['repeats']} rounds; the prompt "
             f"({PROMPT!r}) is in bucket {t['prompt_bucket']}; CPU share "
             f"{t['cpu_share'] or 0:.2f}"
         )
