@@ -95,12 +95,26 @@ def full_size_parts(arch: str) -> dict[str, Any]:
     return {"transformer": model, "t5": t5, "clips": clips, "vae": vae}
 
 
-def pipeline_parts(pipe: Any, arch: str) -> dict[str, Any]:
-    """The same parts of a loaded pipeline."""
+def pipeline_parts(pipe: Any, arch: str, meta: bool = False) -> dict[str, Any]:
+    """The same parts of a loaded pipeline, or (``meta``) copies of them on the meta device.
+
+    FLOPs are counted on the copies: torch's counter has no formula for the CPU's fused
+    attention kernel and would count a CPU model's attention as zero.
+    """
+    import torch
+    from diffusers import ModelMixin
+
+    def copy(m: Any) -> Any:
+        if not meta:
+            return m
+        with torch.device("meta"):
+            return type(m).from_config(m.config) if isinstance(m, ModelMixin) else type(m)(m.config)
+
     names = ["text_encoder", "text_encoder_2"] if arch == "sd3" else ["text_encoder"]
     t5 = pipe.text_encoder_3 if arch == "sd3" else pipe.text_encoder_2
-    clips = [getattr(pipe, n) for n in names]
-    return {"transformer": pipe.transformer, "t5": t5, "clips": clips, "vae": pipe.vae}
+    clips = [copy(getattr(pipe, n)) for n in names]
+    return {"transformer": copy(pipe.transformer), "t5": copy(t5), "clips": clips,
+            "vae": copy(pipe.vae)}  # fmt: skip
 
 
 def transformer_flops(model: Any, arch: str, latent: int, t5_tokens: int) -> float:
@@ -234,7 +248,9 @@ def measure_tiny(
             times[b].append((secs, t5_timer.take(), tr_timer.take()))
             images[b].append(np.asarray(image, dtype=np.int16))
     latent = size // int(pipe.vae_scale_factor)
-    flops = bucket_flops(parts, arch, latent, buckets, steps, passes)
+    flops = bucket_flops(
+        pipeline_parts(pipe, arch, meta=True), arch, latent, buckets, steps, passes
+    )
     rows = []
     for f in flops:
         b = f["bucket"]

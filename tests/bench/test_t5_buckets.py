@@ -60,6 +60,18 @@ def test_the_counted_text_lengths_are_the_pipelines_own(mod: Any, tmp_path: Path
             assert embeds.shape[1] == clip + bucket
 
 
+def test_the_tiny_count_includes_attention(mod: Any, tmp_path: Path) -> None:
+    """Counted on meta copies: on the CPU, torch's counter sees no FLOPs in fused attention."""
+    pipe = mod.tiny_executor("flux", tmp_path).pipeline
+    c = pipe.transformer.config
+    n = 64 * 64 + 512  # image tokens at 128x128 and T5 tokens at the default padding
+    # QK^T and AV alone: 2 x 2 x n^2 x inner width, in each of the double and single blocks.
+    attention = 4 * n**2 * c.num_attention_heads * c.attention_head_dim
+    blocks = c.num_layers + c.num_single_layers
+    meta = mod.pipeline_parts(pipe, "flux", meta=True)["transformer"]
+    assert mod.transformer_flops(meta, "flux", 128, 512) > blocks * attention
+
+
 def test_tiny_renders_come_back_at_every_bucket_and_the_script_prints_its_tables(
     tmp_path: Path,
 ) -> None:
