@@ -69,29 +69,23 @@ def count(fn: Any) -> float:
 def full_size_parts(arch: str) -> dict[str, Any]:
     """Full-size transformer, T5-XXL, CLIP towers and VAE on the meta device."""
     import torch
+    import transformers as tf
     from diffusers import AutoencoderKL, FluxTransformer2DModel, SD3Transformer2DModel
-    from transformers import (
-        CLIPTextConfig,
-        CLIPTextModel,
-        CLIPTextModelWithProjection,
-        T5Config,
-        T5EncoderModel,
-    )
 
     def cfg(path: Path) -> dict[str, Any]:
         return dict(json.loads(path.read_text()))
 
     with torch.device("meta"):
-        t5 = T5EncoderModel(T5Config(**cfg(HERE / "t5" / "t5_xxl.json")))
-        clip_l = CLIPTextConfig(**cfg(HERE / "gpu" / "sdxl" / "text_encoder.json"))
+        t5 = tf.T5EncoderModel(tf.T5Config(**cfg(HERE / "t5" / "t5_xxl.json")))
+        clip_l = tf.CLIPTextConfig(**cfg(HERE / "gpu" / "sdxl" / "text_encoder.json"))
         vae = AutoencoderKL.from_config(cfg(HERE / "t5" / "vae.json"))
         if arch == "sd3":
             model = SD3Transformer2DModel.from_config(cfg(HERE / "t5" / "sd3_transformer.json"))
-            clip_g = CLIPTextConfig(**cfg(HERE / "gpu" / "sdxl" / "text_encoder_2.json"))
-            clips = [CLIPTextModelWithProjection(clip_l), CLIPTextModelWithProjection(clip_g)]
+            clip_g = tf.CLIPTextConfig(**cfg(HERE / "gpu" / "sdxl" / "text_encoder_2.json"))
+            clips = [tf.CLIPTextModelWithProjection(c) for c in (clip_l, clip_g)]
         else:
             model = FluxTransformer2DModel.from_config(cfg(HERE / "t5" / "flux_transformer.json"))
-            clips = [CLIPTextModel(clip_l)]
+            clips = [tf.CLIPTextModel(clip_l)]
     return {"transformer": model, "t5": t5, "clips": clips, "vae": vae}
 
 
@@ -157,9 +151,8 @@ def bucket_flops(
     vae = parts["vae"]
     with torch.device(next(vae.parameters()).device):
         z = torch.zeros(1, vae.config.latent_channels, latent, latent)
-    fixed = passes * sum(encoder_flops(c, 77) for c in parts["clips"]) + count(
-        lambda: vae.decode(z)
-    )
+    clips = sum(encoder_flops(c, 77) for c in parts["clips"])
+    fixed = passes * clips + count(lambda: vae.decode(z))
     rows = []
     for b in buckets:
         one = transformer_flops(parts["transformer"], arch, latent, b)
