@@ -79,12 +79,12 @@ def start_pool(
         raise ConfigError(
             f"--devices names the device classes {classes}: the render stage runs on one class"
         )
+    if any(d.device == AUTO for d in devices) and backend != "ray":
+        raise ConfigError("--devices auto reads a Ray cluster's devices: add --backend ray")
     load = LoadSpec(
         resolve(spec.model), spec.model, spec.precision, spec.adapters, spec.compile,
         spec.channels_last,
     )  # fmt: skip
-    if any(d.device == AUTO for d in devices) and backend != "ray":
-        raise ConfigError("--devices auto reads a Ray cluster's devices: add --backend ray")
     if backend == "ray":
         return RayPool.start(devices, load, address=address, scorer=scoring)
     return DevicePool.start(devices, load)
