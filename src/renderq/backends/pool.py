@@ -44,11 +44,20 @@ class WorkerSpec:
     threads: int = 0
 
 
+AUTO = "auto"
+"""``--devices auto``: the devices a Ray cluster offers, read when the pool starts. Parsed
+into one placeholder spec, ``WorkerSpec(AUTO, CLASS or AUTO, THREADS)``, that the Ray
+backend replaces with the cluster's devices (:mod:`renderq.backends.ray_cluster`)."""
+
+
 def parse_devices(text: str, *, cuda_count: Callable[[], int] | None = None) -> list[WorkerSpec]:
-    """Parse ``--devices``: a comma-separated list of ``cpu[:THREADS]``, ``cuda[:N]``.
+    """Parse ``--devices``: a comma-separated list of ``cpu[:THREADS]``, ``cuda[:N]``, or
+    ``auto[:THREADS]`` alone.
 
     ``cuda`` alone means every visible GPU (``cuda_count`` says how many; torch's count
-    by default). Each entry may end in ``=CLASS`` to name its device class.
+    by default). Each entry may end in ``=CLASS`` to name its device class. ``auto``
+    stands for what the Ray cluster offers (see :data:`AUTO`): ``=CLASS`` keeps only that
+    class's devices, ``:THREADS`` sets a CPU actor's threads on a cluster without GPUs.
     """
     specs: list[WorkerSpec] = []
     entries = [e.strip() for e in text.split(",")]
@@ -58,7 +67,14 @@ def parse_devices(text: str, *, cuda_count: Callable[[], int] | None = None) -> 
         device, _, label = entry.partition("=")
         if "=" in entry and not _is_name(label):
             raise ConfigError(f"device class in {entry!r} must be letters, digits, - or _")
+        if label == AUTO:
+            raise ConfigError(f"--devices entry {entry!r}: {AUTO!r} is not a device class name")
         name, _, arg = device.partition(":")
+        if name == AUTO:
+            if len(entries) > 1:
+                raise ConfigError(f"--devices {text!r}: {AUTO!r} stands alone")
+            threads = _number(arg, entry, "threads") if arg else 1
+            return [WorkerSpec(AUTO, label or AUTO, threads)]
         if name == "cpu":
             threads = _number(arg, entry, "threads") if arg else 0
             specs.append(WorkerSpec("cpu", label or "cpu", threads))
@@ -72,7 +88,9 @@ def parse_devices(text: str, *, cuda_count: Callable[[], int] | None = None) -> 
                 raise ConfigError(f"--devices {entry!r}: no CUDA device is visible")
             specs.extend(WorkerSpec(f"cuda:{i}", label or "cuda") for i in range(count))
         else:
-            raise ConfigError(f"--devices entry {entry!r} is not cpu[:THREADS] or cuda[:N]")
+            raise ConfigError(
+                f"--devices entry {entry!r} is not cpu[:THREADS], cuda[:N] or auto[:THREADS]"
+            )
     cuda = [s.device for s in specs if s.device.startswith("cuda")]
     if len(set(cuda)) != len(cuda):
         raise ConfigError(f"--devices {text!r} names a GPU twice: one worker per GPU")

@@ -14,6 +14,12 @@ With ``--scorer-devices`` the scorer is an actor too (:class:`RayScorer`), so th
 needs no accelerator: a score batch whose actor dies fails like any score batch (the
 engine's score stage tries it again) and a new actor is created for the next one.
 
+With ``--devices auto`` the actors are what the cluster offers, and actors are started on
+nodes that join while the run goes on (:mod:`renderq.backends.ray_cluster`; the driver
+hands them to the engine through :meth:`RayPool.watch`). Each such actor is pinned to its
+node; a worker whose node has left raises :class:`WorkerLost` at once instead of waiting
+for an actor that cannot be placed, so the engine retires it after its losses.
+
 The model id is resolved on the driver: on a cluster of several machines it must name a
 hub id or a folder that every node sees at the same path.
 """
@@ -22,11 +28,12 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from renderq.backends.pool import Loader, WorkerSpec, by_class
+from renderq.backends.ray_cluster import NodeSpec, NodeWatcher, cluster_devices, is_auto
 from renderq.core.errors import ConfigError, WorkerLost
 from renderq.core.protocols import Executor, Scorer
 from renderq.core.types import Batch, BatchResult, ScoreResult
@@ -101,21 +108,40 @@ class RayWorker:
         self.starts += 1
         return self.actor.pid.remote()
 
+    @property
+    def where(self) -> str:
+        """The worker's device, and its node when it is pinned to one (for messages)."""
+        spec = self.spec
+        return f"{spec.device} of node {spec.node}" if isinstance(spec, NodeSpec) else spec.device
+
+    def _restart(self, batch: Batch) -> None:
+        """A new actor for ``batch``; WorkerLost if its node has left or it cannot start."""
+        ray = import_ray()
+        spec = self.spec
+        if isinstance(spec, NodeSpec) and spec.node_id and not _node_alive(spec.node_id):
+            raise WorkerLost(f"render actor on {self.where}: the node has left the cluster")
+        try:
+            ray.get(self.start())
+        except ray.exceptions.RayError as exc:  # died loading, or cannot be placed
+            self.actor = None
+            raise WorkerLost(
+                f"render actor on {self.where} did not start for batch {batch.id}: {_first(exc)}"
+            ) from None
+
     def run(self, batch: Batch) -> BatchResult:
         """Render ``batch`` on the actor; WorkerLost if the actor dies before answering."""
         ray = import_ray()
+        if self.actor is None:
+            self._restart(batch)
         try:
-            if self.actor is None:
-                ray.get(self.start())
             ref = self.actor.render.remote(batch)
             self.busy.set()
             result: BatchResult = ray.get(ref)
             return result
         except ray.exceptions.RayActorError as exc:  # died, or its node was lost
             self.actor = None
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise WorkerLost(
-                f"render actor on {self.spec.device} died holding batch {batch.id}: {first}"
+                f"render actor on {self.where} died holding batch {batch.id}: {_first(exc)}"
             ) from None
         finally:
             self.busy.clear()
@@ -202,17 +228,31 @@ class RayScorer:
 
 
 def _actor_class(body: type, spec: WorkerSpec) -> Any:
-    """``body`` as a Ray actor class with ``spec``'s resources: a GPU, or its CPU threads."""
+    """``body`` as a Ray actor class with ``spec``'s resources: a GPU, or its CPU threads;
+    pinned to its node when ``spec`` names one."""
     gpu = spec.device.startswith("cuda")
-    return (
-        import_ray()
-        .remote(body)
-        .options(
-            num_cpus=0 if gpu else max(1, spec.threads),
-            num_gpus=1 if gpu else 0,
-            max_restarts=0,  # a dead actor is replaced by its owner, its work requeued
-        )
-    )
+    options: dict[str, Any] = {
+        "num_cpus": 0 if gpu else max(1, spec.threads),
+        "num_gpus": 1 if gpu else 0,
+        "max_restarts": 0,  # a dead actor is replaced by its owner, its work requeued
+    }
+    if isinstance(spec, NodeSpec) and spec.node_id:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        # Not soft: the device found on that node is the one the class was read from.
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(spec.node_id, soft=False)
+    return import_ray().remote(body).options(**options)
+
+
+def _node_alive(node_id: str) -> bool:
+    """Whether the cluster lists node ``node_id`` as alive."""
+    return any(n.get("NodeID") == node_id and n.get("Alive") for n in import_ray().nodes())
+
+
+def _first(exc: BaseException) -> str:
+    """The first line of an error's message (Ray's run to many lines), else its type."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class RayPool:
@@ -224,14 +264,22 @@ class RayPool:
         *,
         scorer: RayScorer | None = None,
         owns_connection: bool = False,
+        auto: WorkerSpec | None = None,
+        known_nodes: Sequence[str] = (),
     ) -> None:
         """A pool of workers (and a scorer actor); ``owns_connection``: disconnect from
-        Ray on :meth:`close`."""
+        Ray on :meth:`close`. ``auto``: the ``--devices auto`` spec the workers were read
+        from, with the ids of the nodes seen then (``known_nodes``), for :meth:`watch`."""
         if not workers:
             raise ConfigError("a device pool needs at least one device")
         self.workers = list(workers)
         self.scorer = scorer
+        self.auto = auto
+        self.known_nodes = tuple(known_nodes)
+        self.watcher: NodeWatcher | None = None
         self._owns = owns_connection
+        self._lock = threading.Lock()  # workers: the watcher adds, close ends
+        self._closed = False
 
     @classmethod
     def start(
@@ -243,11 +291,30 @@ class RayPool:
         scorer: tuple[WorkerSpec, ScorerLoad] | None = None,
     ) -> RayPool:
         """Connect to Ray, start an actor per spec (and a scorer actor) and wait until every
-        one has loaded."""
+        one has loaded. ``specs`` may be ``--devices auto``: the cluster's devices
+        (:func:`~renderq.backends.ray_cluster.cluster_devices`), room left for the scorer."""
         owns = connect(address)
-        score = None if scorer is None else RayScorer(*scorer)
-        pool = cls([RayWorker(s, load) for s in specs], scorer=score, owns_connection=owns)
         ray = import_ray()
+        auto, known = None, []
+        if is_auto(specs):
+            auto = specs[0]
+            try:
+                nodes = ray.nodes()
+                known = [str(n.get("NodeID", "")) for n in nodes if n.get("Alive")]
+                specs = cluster_devices(
+                    nodes, device_class=None if auto.device_class == auto.device else
+                    auto.device_class, cpu_threads=auto.threads,
+                    reserve=None if scorer is None else scorer[0],
+                )  # fmt: skip
+            except BaseException:
+                if owns:
+                    ray.shutdown()
+                raise
+        score = None if scorer is None else RayScorer(*scorer)
+        pool = cls(
+            [RayWorker(s, load) for s in specs], scorer=score, owns_connection=owns,
+            auto=auto, known_nodes=known,
+        )  # fmt: skip
         try:
             ready = [w.start() for w in pool.workers]
             ray.get(ready + ([] if score is None else [score.start()]))
@@ -261,11 +328,68 @@ class RayPool:
 
     def executors(self) -> dict[str, list[Executor]]:
         """The engine's executors: each device class's actors."""
-        return by_class(self.workers)
+        with self._lock:
+            return by_class(self.workers)
+
+    def watch(
+        self,
+        add: Callable[[str, list[Executor]], object],
+        *,
+        prices: Mapping[str, float] | None = None,
+        interval_s: float = 5.0,
+        nodes: Callable[[], Sequence[Mapping[str, Any]]] | None = None,
+    ) -> NodeWatcher | None:
+        """Start actors on the nodes that join the cluster and hand them to ``add`` (the
+        engine's ``add_workers``), for the pool's device class and, where ``prices`` are
+        given, only a priced one; polled every ``interval_s`` in a thread until
+        :meth:`close`. ``nodes``: the node list (``ray.nodes`` by default).
+
+        Only a pool read from the cluster (``--devices auto``) grows: one given its
+        devices is left as it is (None is returned).
+        """
+        if self.auto is None:
+            return None
+        first = self.workers[0].spec
+        self.watcher = NodeWatcher(
+            nodes or import_ray().nodes, self.known_nodes, self._start_more, add,
+            gpus=first.device.startswith("cuda"), cpu_threads=self.auto.threads,
+            classes={w.device_class for w in self.workers}, prices=prices,
+            interval_s=interval_s,
+        )  # fmt: skip
+        self.watcher.start_thread()
+        return self.watcher
+
+    def _start_more(self, specs: list[NodeSpec]) -> list[Executor]:
+        """Start actors for ``specs`` and wait until they have loaded; the pool keeps them
+        (none if it was closed meanwhile)."""
+        workers = [RayWorker(s, self.workers[0].load) for s in specs]
+        with self._lock:
+            if self._closed:
+                return []
+            ready = [w.start() for w in workers]
+            self.workers += workers  # close() ends them even while they load
+        ray = import_ray()
+        try:
+            ray.get(ready)
+        except ray.exceptions.RayError as exc:
+            with self._lock:
+                if self._closed:
+                    return []  # ended by close() while loading
+                self.workers = [w for w in self.workers if w not in workers]
+            for w in workers:
+                w.close()
+            raise ConfigError(f"render actors cannot start: {_first(exc)}") from None
+        with self._lock:
+            return [] if self._closed else list(workers)
 
     def close(self) -> None:
         """End every actor (and the Ray connection this pool made)."""
-        for w in self.workers:
+        if self.watcher is not None:
+            self.watcher.stop(timeout=0)  # it may be loading a model: close ends its actors
+        with self._lock:
+            self._closed = True
+            workers = list(self.workers)
+        for w in workers:
             w.close()
         if self.scorer is not None:
             self.scorer.close()

@@ -51,7 +51,8 @@ def run(
     devices: str = typer.Option(
         "",
         help="Render on a pool, one worker process per device: cuda:0,cuda:1 or cuda (every "
-        "GPU), cpu:1,cpu:1 (two one-thread CPU workers); =CLASS names a device's class.",
+        "GPU), cpu:1,cpu:1 (two one-thread CPU workers); =CLASS names a device's class. With "
+        "--backend ray, auto[=CLASS]: every GPU of the cluster, classed by its node.",
     ),
     scorer_devices: str = typer.Option(
         "", help="Score on this device (one), e.g. cuda:1=cuda-l4 (default: --device)."

@@ -4,6 +4,10 @@
 local worker processes (:mod:`renderq.backends.pool`) or, with ``--backend ray``, Ray
 actors (:mod:`renderq.backends.ray_backend`), where a scorer on ``--scorer-devices`` is
 an actor too. Each device class the run uses may be priced (``--price``).
+
+``--devices auto`` takes what the Ray cluster offers (:mod:`renderq.backends.ray_cluster`);
+its device class is known only once the cluster is read, so with ``--price`` it must be
+named (``auto=CLASS``) to be checked before anything starts.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from renderq.backends.clip import ClipScorer
-from renderq.backends.pool import DevicePool, LoadSpec, WorkerSpec
+from renderq.backends.pool import AUTO, DevicePool, LoadSpec, WorkerSpec
 from renderq.backends.ray_backend import RayPool, ScorerLoad
 from renderq.backends.registry import resolve
 from renderq.core.errors import ConfigError
@@ -46,7 +50,13 @@ def scorer_load(model: str, scale100: bool) -> ScorerLoad:
 
 
 def check_prices(prices: Mapping[str, float] | None, classes: set[str]) -> None:
-    """With prices given, every device class the run uses must have one."""
+    """With prices given, every device class the run uses must have one (``--devices
+    auto`` must then name its class: ``auto=CLASS``)."""
+    if prices and AUTO in classes:
+        raise ConfigError(
+            "--price needs the class of --devices auto to check it before the run: "
+            f"--devices auto=CLASS, CLASS one of {sorted(prices)}"
+        )
     missing = sorted(classes - set(prices or {}))
     if prices and missing:
         raise ConfigError(
@@ -69,6 +79,8 @@ def start_pool(
         raise ConfigError(
             f"--devices names the device classes {classes}: the render stage runs on one class"
         )
+    if any(d.device == AUTO for d in devices) and backend != "ray":
+        raise ConfigError("--devices auto reads a Ray cluster's devices: add --backend ray")
     load = LoadSpec(
         resolve(spec.model), spec.model, spec.precision, spec.adapters, spec.compile,
         spec.channels_last,

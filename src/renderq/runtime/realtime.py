@@ -216,6 +216,41 @@ class RealtimeEngine:
         self._inbox.put((_CALL, (fn, fut)))
         return fut
 
+    def add_workers(self, device_class: str, executors: Sequence[Executor]) -> Future[int]:
+        """Give ``device_class`` more render workers, one per executor; thread-safe.
+
+        For a pool that grows during a run (a Ray node joining). Applied on the loop's
+        thread through :meth:`call`, so the scheduler sees the class's free workers go up
+        at its next step and hands them batches at once; a class new to the engine gets
+        its own queue. The future holds the class's worker count after the addition. The
+        workers are started once the loop handles the call: added before :meth:`run`,
+        they start with it; added after the loop ended, never.
+        """
+        new = list(executors)
+        if not new:
+            raise ConfigError(f"add_workers for {device_class!r} was given no executor")
+        wrong = [e.device_class for e in new if e.device_class != device_class]
+        if wrong:
+            raise ConfigError(f"an executor of class {wrong[0]!r} added to {device_class!r}")
+
+        def add(now: float) -> int:
+            if device_class not in self.executors:
+                self.executors[device_class] = []
+                self._render_q[device_class] = queue.Queue()
+                self._workers[device_class] = self._free[device_class] = 0
+            workers = self.executors[device_class]
+            for executor in new:
+                workers.append(executor)
+                index = len(workers) - 1
+                self._start_worker(
+                    self._render_worker, (device_class, index), f"render-{device_class}-{index}"
+                )
+            self._workers[device_class] += len(new)
+            self._free[device_class] += len(new)
+            return self._workers[device_class]
+
+        return self.call(add)
+
     def run(self, *, until_idle: bool = True) -> None:
         """Run until every submitted request is terminal (or :meth:`stop` is called).
 
