@@ -453,9 +453,12 @@ def run_job(
             ) as pool:
                 scorer = scorer or getattr(pool, "scorer", None)
                 assert scorer is not None  # the pool started the scorer actor
+                watch = getattr(pool, "watch", None)  # a Ray pool read from the cluster grows
+                grow = None if watch is None else lambda eng: watch(eng.add_workers, prices=prices)
                 return _drive(
-                    settings, store, executor, scorer, on_progress, prices, pool.executors()
-                )
+                    settings, store, executor, scorer, on_progress, prices, pool.executors(),
+                    on_engine=grow,
+                )  # fmt: skip
         finally:
             store.close()
     finally:
@@ -471,9 +474,11 @@ def _drive(
     prices: Mapping[str, float],
     workers: dict[str, list[Executor]] | None = None,
     step: StepLoop | None = None,
+    on_engine: Callable[[RealtimeEngine], object] | None = None,
 ) -> RunSummary:
     """Drive one run to the end. ``step``: step mode's loop (``workers`` are its slots);
-    the summary's batch sizes are then its running batch at every step."""
+    the summary's batch sizes are then its running batch at every step. ``on_engine``:
+    called with the engine before it runs (a Ray pool's node watcher adds workers to it)."""
     started = time.monotonic()
     with storage_errors(settings.out):
         writer = DatasetWriter(settings.out)
@@ -514,6 +519,8 @@ def _drive(
             engine.submit(req)
     if on_progress is not None:
         on_progress(progress)
+    if on_engine is not None:
+        on_engine(engine)
     engine.run()
     report = ledger.report(prices=prices)
     with storage_errors(settings.out):
