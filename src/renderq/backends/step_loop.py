@@ -219,7 +219,6 @@ class _Slot:
     def __init__(self, loop: StepLoop) -> None:
         self.loop = loop
         self.device_class = loop.device_class
-        self.sampler = getattr(loop.runner, "sampler", "")
 
     def run(self, batch: Batch) -> BatchResult:
         """Every request of the batch through the loop; their device-seconds summed."""
