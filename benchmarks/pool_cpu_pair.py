@@ -21,9 +21,8 @@ from pathlib import Path
 from renderq.backends.null import NullScorer
 from renderq.backends.pool import DevicePool, LoadSpec, WorkerSpec
 from renderq.backends.registry import DEFAULT_MODEL, model_defaults, resolve
-from renderq.core.policies import Window
 from renderq.core.qa import QAPolicy
-from renderq.core.scheduler import Scheduler
+from renderq.core.settings import Batching
 from renderq.core.types import BatchKey, Request, Stage
 from renderq.jobs.prompts import read_prompts
 from renderq.runtime.realtime import RealtimeEngine
@@ -34,14 +33,16 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "renderq" / "examples" 
 
 def one_run(pool: DevicePool, requests: list[Request], batch: int) -> tuple[float, float]:
     """Wall seconds and booked render device-seconds for ``requests`` on ``pool``."""
-    sched = Scheduler(Window(batch_size=batch), qa=QAPolicy(threshold=0.5, max_attempts=1))
-    engine = RealtimeEngine(sched, pool.executors(), NullScorer(), RecordingListener())
+    engine = RealtimeEngine.build(
+        Batching("window", max_batch_size=batch), QAPolicy(threshold=0.5, max_attempts=1),
+        pool.executors(), NullScorer(), RecordingListener(),
+    )  # fmt: skip
     for r in requests:
         engine.submit(r)
     start = engine.now()
     engine.run()
     wall = engine.now() - start
-    return wall, sched.ledger.report().seconds.get(Stage.RENDER, 0.0)
+    return wall, engine.scheduler.ledger.report().seconds.get(Stage.RENDER, 0.0)
 
 
 def main() -> None:

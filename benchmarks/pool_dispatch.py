@@ -24,9 +24,8 @@ from typing import Any
 
 from renderq.backends.null import NullScorer, SleepLoad
 from renderq.backends.pool import DevicePool, WorkerSpec
-from renderq.core.policies import Window
 from renderq.core.qa import QAPolicy
-from renderq.core.scheduler import Scheduler
+from renderq.core.settings import Batching
 from renderq.core.types import Batch, BatchKey, BatchResult, Request
 from renderq.runtime.realtime import RealtimeEngine
 from renderq.testing.fakes import RecordingListener
@@ -57,8 +56,10 @@ class Timed:
 def one_run(pool: Any, workers: int, batches: int, size: int) -> tuple[float, list[float]]:
     """Wall seconds for ``workers * batches`` batches of ``size``, and each run's seconds."""
     timed = [Timed(w) for w in pool.workers]
-    sched = Scheduler(Window(batch_size=size), qa=QAPolicy(threshold=0.5, max_attempts=1))
-    engine = RealtimeEngine(sched, {"sleep": timed}, NullScorer(), RecordingListener())
+    engine = RealtimeEngine.build(
+        Batching("window", max_batch_size=size), QAPolicy(threshold=0.5, max_attempts=1),
+        {"sleep": timed}, NullScorer(), RecordingListener(),
+    )  # fmt: skip
     for i in range(workers * batches * size):
         engine.submit(Request(f"r{i}", "a red circle", KEY, base_seed=i))
     start = time.perf_counter()

@@ -66,7 +66,10 @@ def test_tenants_review_only_their_own_jobs_and_an_edit_is_rendered(
             wait_for(resubmitted, lambda s: s == "escalated", "the edited prompt to be rendered",
                      timeout=120)  # fmt: skip
             status = alpha.get(f"/v1/jobs/{job}").json()
-            assert (status["total"], status["accepted"], status["pending"]) == (4, 1, 0)
+            # Every prompt is counted once: the rejected and the edited one are not accepted.
+            counts = [status[k] for k in ("total", "accepted", "escalated", "pending")]
+            assert counts == [4, 1, 3, 0], status
+            assert (status["rejected"], status["edited"], status["state"]) == (1, 1, "done")
             images = alpha.get(f"/v1/jobs/{job}/images", params={"images": False}).json()
             assert [d["id"] for d in images["data"]] == ["p000000"]
             assert beta.get(f"/v1/jobs/{job}/images").status_code == 404

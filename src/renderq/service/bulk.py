@@ -18,7 +18,7 @@ from renderq.core.types import Batch, BatchKey, Request, RequestState
 from renderq.runtime.realtime import Step
 from renderq.service.config import ServiceConfig
 from renderq.service.interactive import Outstanding
-from renderq.service.jobs import SEP, JobBook, ServiceJob, job_shares
+from renderq.service.jobs import SEP, JobBook, ServiceJob, job_shares, not_accepted
 
 DASHBOARD_JOBS = 20
 """How many jobs ``/v1/stats`` lists (unfinished first, then the newest)."""
@@ -184,11 +184,10 @@ class Bulk:
         for job in jobs[:DASHBOARD_JOBS]:
             counts = job.store.counts()
             accepted, pending = counts.get("accepted", 0), counts.get("pending", 0)
-            escalated = sum(counts.get(s, 0) for s in ("escalated", "rejected", "edited"))
             rows.append({
                 "id": job.id, "tenant": job.tenant, "state": job.state,
                 "mode": str(job.meta["mode"]), "total": len(job.rows), "accepted": accepted,
-                "escalated": escalated, "pending": pending,
+                "escalated": not_accepted(counts), "pending": pending,
                 "waiting": len(self.backlog.get(job.id, ())),
             })  # fmt: skip
         return rows

@@ -30,9 +30,14 @@ from renderq.jobs.runner import STORE_NAME, JobListener, restore_ledger, resume_
 from renderq.jobs.summary import Progress
 from renderq.output.dataset import DatasetWriter, atomic_write_text
 from renderq.runtime.realtime import Step
-from renderq.store.sqlite import JobStore, PromptRow, PromptState
+from renderq.store.sqlite import NOT_ACCEPTED, JobStore, PromptRow, PromptState
 
 SEP = ":"
+
+
+def not_accepted(counts: Mapping[str, int]) -> int:
+    """Prompts the gate escalated and no reviewer accepted (rejected and edited included)."""
+    return sum(counts.get(s, 0) for s in NOT_ACCEPTED)
 
 
 class JobNotFound(KeyError):
@@ -59,7 +64,7 @@ class ServiceJob:
             self.store.start_run(os.getpid(), "service"),
             str(config.get("scorer", DEFAULT_SCORER)),
             dict(self.rows),
-            Progress(len(self.rows), counts.get("accepted", 0), counts.get("escalated", 0)),
+            Progress(len(self.rows), counts.get("accepted", 0), not_accepted(counts)),
             config,
         )
 
@@ -71,7 +76,7 @@ class ServiceJob:
         counts = self.store.counts()
         if counts.get("pending", 0) == 0:
             return "done"
-        return "running" if counts.get("accepted", 0) + counts.get("escalated", 0) else "queued"
+        return "running" if counts.get("accepted", 0) + not_accepted(counts) else "queued"
 
     def pending_requests(self, clock_offset: float = 0.0) -> list[Request]:
         """A request for every prompt not yet ended, at the attempt it resumes from.
@@ -120,7 +125,12 @@ class ServiceJob:
         self.listener.step(step)
 
     def status(self) -> dict[str, Any]:
-        """The job's counts and ledger."""
+        """The job's counts and ledger.
+
+        ``escalated`` counts every prompt the gate escalated and no reviewer accepted, a
+        reviewer's rejections and edits included (``rejected`` and ``edited`` say how many of
+        them), so that ``accepted + escalated + pending == total``.
+        """
         counts = self.store.counts()
         report = restore_ledger(self.store).report()
         accepted = counts.get("accepted", 0)
@@ -130,7 +140,9 @@ class ServiceJob:
             "created": float(self.meta["created"]),
             "total": len(self.rows),
             "accepted": accepted,
-            "escalated": counts.get("escalated", 0),
+            "escalated": not_accepted(counts),
+            "rejected": counts.get(PromptState.REJECTED, 0),
+            "edited": counts.get(PromptState.EDITED, 0),
             "pending": counts.get("pending", 0),
             "mode": str(self.meta["mode"]),
             "windows": self.meta.get("windows"),

@@ -127,7 +127,12 @@ class JobStatus(BaseModel):
     created: float
     total: int
     accepted: int
-    escalated: int
+    escalated: int = Field(
+        description="Prompts the gate escalated and no reviewer accepted (rejected and edited"
+        " included): accepted + escalated + pending = total."
+    )
+    rejected: int = Field(0, description="Of the escalated, those a reviewer rejected.")
+    edited: int = Field(0, description="Of the escalated, those a reviewer edited.")
     pending: int
     in_flight: int = Field(0, description="Prompts in a render or score batch running now.")
     mode: str
