@@ -33,6 +33,20 @@ def serve_command(
         int | None,
         typer.Option(help="Torch CPU threads (default 0: the cores other work leaves free)."),
     ] = None,
+    devices: Annotated[
+        str | None,
+        typer.Option(
+            help="Render on a pool, one worker per device, all of one class: cuda:0,cuda:1, "
+            "cuda (every GPU), cpu:1,cpu:1 (one-thread CPU workers) or, on Ray, auto.",
+        ),
+    ] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(help="Where --devices workers run: local (processes) or ray (actors)."),
+    ] = None,
+    address: Annotated[
+        str | None, typer.Option(help="With --backend ray: the cluster (default: a new one).")
+    ] = None,
     lora: Annotated[
         list[str] | None,
         typer.Option(
@@ -74,6 +88,9 @@ def serve_command(
             max_batch_size=max_batch_size,
             max_queue_delay_s=max_queue_delay,
             threads=threads,
+            devices=devices,
+            backend=backend,
+            address=address,
             adapters=adapters,
         )
     except ConfigError as exc:
@@ -92,6 +109,8 @@ def serve_command(
         if cfg.spec.device == "cpu" and cfg.spec.model != "null":
             n = set_cpu_threads(cfg.threads)
             on = f"cpu ({n} torch thread{'s' if n > 1 else ''})"
+    if cfg.devices:  # the scorer (and the request checks) stay in this process, on ``on``
+        on = f"devices {cfg.devices} ({cfg.backend}), scoring on {on}"
     typer.echo(f"renderq serve: {cfg.spec.model} on {on}, {auth}, jobs in {cfg.data_dir}", err=True)
     # A thread woken by another (the engine by a request, the event loop by an answer, the
     # render worker after each torch kernel) waits for the GIL until its holder's switch

@@ -12,6 +12,8 @@ A config file looks like::
     device = "cpu"
     steps = 20           # unset: the pipeline's own
     threads = 0          # torch CPU threads; 0: the cores other work leaves free
+    devices = ""         # a render pool, one worker per device: "cuda" or "cpu:1,cpu:1"
+    backend = "local"    # where the pool's workers run: local processes or ray actors
 
     [batching]
     max_batch_size = 8
@@ -78,6 +80,9 @@ class ServiceConfig:
     admin_tenants: tuple[str, ...] = ()
     max_body_bytes: int = 8 * 1024 * 1024
     threads: int = 0
+    devices: str = ""
+    backend: str = "local"
+    address: str | None = None
     profile: str | None = None
 
     def __post_init__(self) -> None:
@@ -94,6 +99,17 @@ class ServiceConfig:
             raise ConfigError(f"tenant_max_queued must be >= 1, got {self.tenant_max_queued}")
         if self.threads < 0:
             raise ConfigError(f"threads must be >= 0 (0: the free cores), got {self.threads}")
+        if self.backend not in ("local", "ray"):
+            raise ConfigError(f"backend must be 'local' or 'ray', got {self.backend!r}")
+        if self.backend == "ray" and not self.devices:
+            raise ConfigError("backend 'ray' needs devices for its render actors")
+        if self.devices:
+            from renderq.backends.pool import AUTO, parse_devices
+
+            # The form only: how many GPUs "cuda" means is read when the workers start.
+            specs = parse_devices(self.devices, cuda_count=lambda: 1)
+            if specs[0].device == AUTO and self.backend != "ray":
+                raise ConfigError("devices 'auto' reads a Ray cluster's devices: backend 'ray'")
         if self.max_body_bytes < 1:
             raise ConfigError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
         if self.profile is not None:

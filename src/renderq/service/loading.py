@@ -8,6 +8,7 @@ sizes, and admission prices every key from that curve.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,11 +36,21 @@ class Defaults:
 
 @dataclass(frozen=True, slots=True)
 class Served:
-    """The loaded model as requests see it: their batch keys, checked against it."""
+    """The loaded model as requests see it: their batch keys, checked against it.
+
+    ``executor`` (in this process) checks requests; ``device_class`` is the class of the
+    workers that render them (a ``devices`` pool's, else the executor's own).
+    """
 
     config: ServiceConfig
     executor: Executor
     defaults: Defaults
+    render_class: str = ""
+
+    @property
+    def device_class(self) -> str:
+        """The device class of the render workers: every request's key carries it."""
+        return self.render_class or self.executor.device_class
 
     def key_of(self, opts: dict[str, Any]) -> tuple[BatchKey, float]:
         """The batch key (prompt bucket 0) and guidance of a request's size/steps/guidance;
@@ -55,7 +66,7 @@ class Served:
         spec = self.config.spec  # the key rule ``renderq run`` uses
         key = key_for(
             spec.model, width, height, steps, guidance, d.sampler, spec.precision,
-            self.executor.device_class, adapter=adapter,
+            self.device_class, adapter=adapter,
         )  # fmt: skip
         return key, guidance
 
@@ -113,6 +124,44 @@ def load_models(config: ServiceConfig) -> tuple[Executor, Scorer, Defaults]:
     threshold = config.qa.policy(scorer_default_threshold(spec.scorer)).threshold
     defaults = Defaults(width, height, steps, guidance, threshold, executor.sampler)
     return executor, scorer, defaults
+
+
+@dataclass(slots=True)
+class Workers:
+    """The service's render workers: its own executor, or a ``devices`` pool of one class."""
+
+    device_class: str = ""
+    executors: Sequence[Executor] = ()
+    pool: Any = None
+
+    @classmethod
+    def start(cls, config: ServiceConfig, executor: Executor) -> Workers:
+        """Start the pool of ``config.devices`` (returns once every worker has loaded), or
+        take ``executor`` alone."""
+        if not config.devices:
+            return cls(executor.device_class, [executor])
+        from renderq.backends.null import NULL_MODEL
+        from renderq.backends.pool import parse_devices
+        from renderq.jobs.workers import start_pool
+
+        if config.spec.model == NULL_MODEL:
+            raise ConfigError("devices: the null model renders in the service's own process")
+        gpus = None
+        if config.backend == "ray":
+            from renderq.backends.ray_backend import cluster_gpus, connect
+
+            connect(config.address)  # devices = "cuda" counts the cluster's GPUs
+            gpus = cluster_gpus
+        specs = parse_devices(config.devices, cuda_count=gpus)
+        pool = start_pool(config.spec, specs, backend=config.backend, address=config.address)
+        [(device_class, executors)] = pool.executors().items()
+        return cls(device_class, executors, pool)
+
+    def close(self) -> None:
+        """End the pool's workers (nothing to end for the service's own executor)."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
 
 
 def prompt_length(executor: Any, prompt: str) -> tuple[int, list[str]]:

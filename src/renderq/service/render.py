@@ -29,7 +29,14 @@ from renderq.service.bulk import Bulk
 from renderq.service.config import ServiceConfig
 from renderq.service.interactive import DRAINING, Answer, ImageResult, Outstanding, Refused
 from renderq.service.jobs import JobBook
-from renderq.service.loading import Defaults, Served, load_models, scaled_cost, warm_up
+from renderq.service.loading import (
+    Defaults,
+    Served,
+    Workers,
+    load_models,
+    scaled_cost,
+    warm_up,
+)
 from renderq.service.metrics import Dashboard, Metrics
 
 
@@ -49,6 +56,7 @@ class RenderService:
         self.draining = False
         self._load = load or load_models
         self._engine: RealtimeEngine | None = None
+        self.workers = Workers()
         self._thread: threading.Thread | None = None
         self.defaults: Defaults | None = None
         self.model: Served | None = None
@@ -68,18 +76,22 @@ class RenderService:
     def _start(self) -> None:
         try:
             executor, scorer, defaults = self._load(self.config)
-            self.defaults, self.model = defaults, Served(self.config, executor, defaults)
-            cost = warm_up(executor, defaults, self.config.render_cap)
+            self.workers = workers = Workers.start(self.config, executor)
+            dc, n = workers.device_class, len(workers.executors)
+            self.defaults, self.model = defaults, Served(self.config, executor, defaults, dc)
+            # Every worker renders the same pipeline on the same kind of device: one
+            # worker's curve prices a batch; the class's capacity is n times its best.
+            cost = warm_up(workers.executors[0], defaults, self.config.render_cap)
             best = cost.best_size(cost.max_size)
-            self.capacity = best / cost.latency(best)
+            self.capacity = n * best / cost.latency(best)
             self._engine = engine = RealtimeEngine.build(
                 self.config.batching,
                 QAPolicy(defaults.threshold, self.config.qa.max_attempts),
-                {executor.device_class: executor},
+                {dc: workers.executors},
                 scorer,
                 self,
                 cost=lambda key: scaled_cost(cost, key, defaults),
-                admission=AdmissionConfig(self.config.max_queue_per_key, 1),
+                admission=AdmissionConfig(self.config.max_queue_per_key, n),
             )
             self._thread = threading.Thread(
                 target=lambda: engine.run(until_idle=False), daemon=True, name="renderq-engine"
@@ -90,6 +102,7 @@ class RenderService:
             self.ready.set()
         except Exception as exc:  # reported by /readyz
             self.load_error = f"{type(exc).__name__}: {exc}"
+            self.workers.close()
 
     def begin_drain(self) -> None:
         """Stop admission (new work answers 503 ``draining``); queued bulk prompts go back.
@@ -123,6 +136,7 @@ class RenderService:
         self._engine.stop()
         if self._thread is not None:
             self._thread.join(timeout=timeout_s)
+        self.workers.close()
         print(f"renderq serve: drained; {kept} queued bulk prompts kept for the next start",
               file=sys.stderr, flush=True)  # fmt: skip
 
@@ -238,6 +252,7 @@ class RenderService:
             tenant, depths, self.bulk.waiting(tenant), self.bulk.progress(tenant), now,
             draining=self.draining, capacity=self.capacity,
         )  # fmt: skip
+        view["render_workers"] = {self.workers.device_class: len(self.workers.executors)}
         if tenant is None:
             view["tenants"] = {t: self._view(now, t) for t in sorted(self.dashboard.tenants)}
         return view
@@ -245,7 +260,7 @@ class RenderService:
     def metrics_text(self) -> bytes:
         """Prometheus exposition; refreshes the scheduler's gauges first."""
         if self._engine is not None:
-            dev = self.model.executor.device_class if self.model else None
+            dev = self.model.device_class if self.model else None
             self._call(
                 lambda now: self.dashboard.gauges(self._depths(), self.bulk.waiting(), dev)
             ).result(timeout=10)

@@ -1,0 +1,81 @@
+"""``renderq serve`` with a device pool (``devices``), over the socket: two one-thread CPU
+worker processes render what the service's own executor renders, and leave with it."""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from tests.service.conftest import Server, start_server, write_config
+from tests.service.test_service import wait_job
+
+pytestmark = pytest.mark.slow
+
+BODY = {"prompt": "a small red circle on a blue background", "n": 2, "seed": 11}
+
+
+def _pool_workers(pid: int) -> set[int]:
+    """The server's child processes started by the pool (``spawn`` workers)."""
+    children: set[int] = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        text = Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
+        children.update(int(c) for c in text)
+    return {c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()}
+
+
+def _pixels(item: dict[str, object]) -> bytes:
+    return Image.open(io.BytesIO(base64.b64decode(str(item["b64_json"])))).tobytes()
+
+
+def test_a_pool_of_two_cpu_workers_serves_what_one_executor_serves(
+    tmp_path: Path, models: tuple[Path, Path], server: Server
+) -> None:
+    cfg = write_config(tmp_path / "renderq.toml", tmp_path / "data", *models,
+                       devices="cpu:1,cpu:1")  # fmt: skip
+    pool = start_server(cfg, tmp_path / "data", tmp_path / "server.log")
+    try:
+        workers = _pool_workers(pool.proc.pid)
+        assert len(workers) == 2, workers
+        with pool.client() as c, server.client() as alone:
+            stats = c.get("/v1/stats").json()
+            assert stats["render_workers"] == {"cpu": 2}
+            assert stats["capacity_images_per_s"] > 0
+            job = c.post("/v1/jobs", json={"prompts": [f"a red circle {i}" for i in range(12)]})
+            assert job.status_code == 202, job.text
+            with ThreadPoolExecutor(3) as ex:
+                answers = list(ex.map(lambda _: c.post("/v1/images/generations", json=BODY),
+                                      range(3)))  # fmt: skip
+            status = wait_job(c, job.json()["id"], {"done"})
+            assert (status["accepted"], status["pending"]) == (12, 0), status
+            assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+            # Same seed, same image as the service without a pool renders in its own process.
+            reference = alone.post("/v1/images/generations", json=BODY).json()["data"]
+            for a in answers:
+                got = a.json()["data"]
+                assert [d["seed"] for d in got] == [11, 12]
+                assert [_pixels(d) for d in got] == [_pixels(d) for d in reference]
+    finally:
+        assert pool.stop() in (0, -15)  # drained, then ended by the signal
+    assert "devices cpu:1,cpu:1 (local)" in pool.log.read_text()
+    # A drained service ends its workers.
+    assert not any(Path(f"/proc/{w}").exists() for w in workers)
+
+
+def test_bad_devices_are_refused_by_name(tmp_path: Path, models: tuple[Path, Path]) -> None:
+    from typer.testing import CliRunner
+
+    from renderq.cli.main import app
+
+    cfg = write_config(tmp_path / "renderq.toml", tmp_path / "data", *models, devices="gpu:0")
+    result = CliRunner().invoke(app, ["serve", "--config", str(cfg), "--port", "0"])
+    assert result.exit_code != 0
+    assert "gpu:0" in result.output
+    ray = CliRunner().invoke(app, ["serve", "--config", str(cfg), "--backend", "ray",
+                                   "--devices", ""])  # fmt: skip
+    assert ray.exit_code != 0 and "backend 'ray' needs devices" in ray.output
