@@ -1,5 +1,5 @@
-"""``renderq serve`` with a device pool (``devices``), over the socket: two one-thread CPU
-worker processes render what the service's own executor renders, and leave with it."""
+"""``renderq serve`` with a device pool (``devices``) or a step loop (``mode = "step"``), over
+the socket: each renders what the service's own executor renders, and ends with the service."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -29,8 +30,12 @@ def _pool_workers(pid: int) -> set[int]:
     return {c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()}
 
 
+def _image(item: dict[str, object]) -> Image.Image:
+    return Image.open(io.BytesIO(base64.b64decode(str(item["b64_json"]))))
+
+
 def _pixels(item: dict[str, object]) -> bytes:
-    return Image.open(io.BytesIO(base64.b64decode(str(item["b64_json"])))).tobytes()
+    return _image(item).tobytes()
 
 
 def test_a_pool_of_two_cpu_workers_serves_what_one_executor_serves(
@@ -79,3 +84,45 @@ def test_bad_devices_are_refused_by_name(tmp_path: Path, models: tuple[Path, Pat
     ray = CliRunner().invoke(app, ["serve", "--config", str(cfg), "--backend", "ray",
                                    "--devices", ""])  # fmt: skip
     assert ray.exit_code != 0 and "backend 'ray' needs devices" in ray.output
+
+
+def test_step_mode_serves_the_images_whole_batches_give(
+    tmp_path: Path, models: tuple[Path, Path], server: Server
+) -> None:
+    cfg = write_config(tmp_path / "renderq.toml", tmp_path / "data", *models, mode="step")
+    step = start_server(cfg, tmp_path / "data", tmp_path / "server.log")
+    try:
+        with step.client() as c, server.client() as whole:
+            job = c.post("/v1/jobs", json={"prompts": [f"a blue square {i}" for i in range(10)]})
+            assert job.status_code == 202, job.text
+            with ThreadPoolExecutor(3) as ex:
+                answers = list(ex.map(lambda _: c.post("/v1/images/generations", json=BODY),
+                                      range(3)))  # fmt: skip
+            status = wait_job(c, job.json()["id"], {"done"})
+            assert (status["accepted"], status["pending"]) == (10, 0), status
+            reference = whole.post("/v1/images/generations", json=BODY).json()["data"]
+            want = [np.asarray(_image(d), dtype=int) for d in reference]
+            for a in answers:
+                assert a.status_code == 200, a.text
+                got = a.json()["data"]
+                assert [(d["seed"], d["batch_size"]) for d in got] == [(11, 1), (12, 1)]
+                # The step loop's running batch changes the float32 summation order, not
+                # the image: at most one uint8 level apart from the whole-batch render.
+                for d, w in zip(got, want, strict=True):
+                    assert np.abs(np.asarray(_image(d), dtype=int) - w).max() <= 1
+            stats = c.get("/v1/stats").json()
+            assert stats["ledger"]["total_device_seconds"] > 0
+    finally:
+        assert step.stop() in (0, -15)
+    log = step.log.read_text()
+    assert "drained" in log and "Traceback" not in log
+
+
+def test_step_mode_is_refused_where_it_cannot_run(tmp_path: Path) -> None:
+    from renderq.core.errors import ConfigError
+    from renderq.service.config import load_config
+
+    with pytest.raises(ConfigError, match="devices is not supported"):
+        load_config(None, mode="step", devices="cpu:1,cpu:1")
+    with pytest.raises(ConfigError, match=r"mode must be 'dynamic' or 'step'.*'window'"):
+        load_config(None, mode="window")

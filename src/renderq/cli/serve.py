@@ -25,7 +25,16 @@ def serve_command(
     model: Annotated[str | None, typer.Option(help="Diffusers pipeline to serve.")] = None,
     scorer: Annotated[str | None, typer.Option(help="CLIP scorer.")] = None,
     device: Annotated[str | None, typer.Option(help="cpu, cuda or cuda:N.")] = None,
-    max_batch_size: Annotated[int | None, typer.Option(help="Largest render batch.")] = None,
+    mode: Annotated[
+        str | None,
+        typer.Option(
+            help="dynamic (default: batches of up to --max-batch-size) or step (requests "
+            "join and leave the running batch at every denoising step)."
+        ),
+    ] = None,
+    max_batch_size: Annotated[
+        int | None, typer.Option(help="Largest render batch (step: running batch).")
+    ] = None,
     max_queue_delay: Annotated[
         float | None, typer.Option(help="Dynamic batching delay, s.")
     ] = None,
@@ -56,7 +65,7 @@ def serve_command(
         ),
     ] = None,
 ) -> None:
-    """Serve interactive renders and bulk jobs over HTTP, batched dynamically.
+    """Serve interactive renders and bulk jobs over HTTP, batched dynamically or by step.
 
     Bearer tokens come from the config file's [auth] tokens and from the
     RENDERQ_API_TOKENS environment variable (comma-separated, each TOKEN or
@@ -85,6 +94,7 @@ def serve_command(
             model=model,
             scorer=scorer,
             device=device,
+            mode=mode,
             max_batch_size=max_batch_size,
             max_queue_delay_s=max_queue_delay,
             threads=threads,

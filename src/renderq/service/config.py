@@ -16,6 +16,7 @@ A config file looks like::
     backend = "local"    # where the pool's workers run: local processes or ray actors
 
     [batching]
+    mode = "dynamic"     # or "step": requests join and leave the running batch every step
     max_batch_size = 8
     max_queue_delay_s = 0.05
     max_queue_per_key = 256
@@ -86,9 +87,17 @@ class ServiceConfig:
     profile: str | None = None
 
     def __post_init__(self) -> None:
-        if self.batching.mode != "dynamic" or self.batching.max_batch_size is None:
+        if self.batching.mode not in ("dynamic", "step"):
             raise ConfigError(
-                f"the service batches dynamically with a max_batch_size, got {self.batching}"
+                f"mode must be 'dynamic' or 'step' (the service answers callers as they "
+                f"come), got {self.batching.mode!r}"
+            )
+        if self.batching.max_batch_size is None:
+            raise ConfigError("the service needs a max_batch_size (its warm-up measures it)")
+        if self.batching.mode == "step" and self.devices:
+            raise ConfigError(
+                "mode 'step' runs one step loop on the service's device; devices is not "
+                "supported with it"
             )
         for name in ("max_queue_per_key", "max_n", "max_steps", "max_job_prompts"):
             if getattr(self, name) < 1:
@@ -179,7 +188,7 @@ def parse_env_tokens(text: str) -> dict[str, str]:
 _SECTIONS = ("model", "batching", "auth", "limits")
 #: The shared settings' keys, flat in the file as on the command line.
 _SPEC = tuple(f.name for f in fields(ModelSpec))
-_BATCHING = ("max_batch_size", "max_queue_delay_s", "score_batch_size")
+_BATCHING = ("mode", "max_batch_size", "max_queue_delay_s", "score_batch_size")
 _QA = ("threshold", "max_attempts")
 _SHARED = ("spec", "batching", "qa")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,19 +129,27 @@ def load_models(config: ServiceConfig) -> tuple[Executor, Scorer, Defaults]:
 
 @dataclass(slots=True)
 class Workers:
-    """The service's render workers: its own executor, or a ``devices`` pool of one class."""
+    """The service's render workers, all of one device class: its own executor, a
+    ``devices`` pool, or (``mode = "step"``) the slots of a step loop on its own pipeline.
+
+    ``owner`` is what :meth:`close` ends (the pool, or the step loop); ``loop`` the step loop.
+    """
 
     device_class: str = ""
     executors: Sequence[Executor] = ()
-    pool: Any = None
+    owner: Any = None
+    loop: Any = None
 
     @classmethod
     def start(cls, config: ServiceConfig, executor: Executor) -> Workers:
-        """Start the pool of ``config.devices`` (returns once every worker has loaded), or
-        take ``executor`` alone."""
+        """Start the pool of ``config.devices`` (returns once every worker has loaded), the
+        step loop of step mode, or take ``executor`` alone."""
+        from renderq.backends.null import NULL_MODEL
+
+        if config.batching.mode == "step":
+            return cls._step(executor, config.render_cap, config.spec.model)
         if not config.devices:
             return cls(executor.device_class, [executor])
-        from renderq.backends.null import NULL_MODEL
         from renderq.backends.pool import parse_devices
         from renderq.jobs.workers import start_pool
 
@@ -157,11 +166,27 @@ class Workers:
         [(device_class, executors)] = pool.executors().items()
         return cls(device_class, executors, pool)
 
+    @classmethod
+    def _step(cls, executor: Executor, cap: int, model: str) -> Workers:
+        """A step loop driving ``executor``'s own pipeline (refused for one it cannot drive)."""
+        from renderq.backends.diffusers import DiffusersExecutor
+        from renderq.backends.step_loop import step_workers
+
+        if not isinstance(executor, DiffusersExecutor):
+            raise ConfigError(
+                f"mode 'step' drives a diffusers pipeline's denoising loop; {model!r} "
+                "has none (serve it with mode 'dynamic')"
+            )
+        stack = ExitStack()
+        loop, slots = stack.enter_context(step_workers(executor, cap))
+        [(device_class, executors)] = slots.items()
+        return cls(device_class, executors, stack, loop)
+
     def close(self) -> None:
-        """End the pool's workers (nothing to end for the service's own executor)."""
-        if self.pool is not None:
-            self.pool.close()
-            self.pool = None
+        """End the pool's workers or the step loop (nothing for the service's own executor)."""
+        if self.owner is not None:
+            self.owner.close()
+            self.owner = None
 
 
 def prompt_length(executor: Any, prompt: str) -> tuple[int, list[str]]:
@@ -196,6 +221,20 @@ def warm_up(executor: Executor, d: Defaults, cap: int) -> LatencyCurve:
 
     points = measure(render, sorted({1, cap}), repeats=2, warmup=1)
     return LatencyCurve.from_points([(p.batch_size, min(p.repeats)) for p in points])
+
+
+def step_curve(curve: LatencyCurve, cap: int) -> LatencyCurve:
+    """The price of one request in step mode: a full running batch's latency, at any size.
+
+    In step mode the scheduler hands the loop one request per free slot; a request then
+    rides in the running batch, which under load holds ``cap`` requests, so its slot is
+    held about as long as a whole batch of ``cap`` takes. Priced flat at that latency, with
+    the loop counted as one worker of batches of ``cap``, admission expects the queue ahead
+    of a request to clear ``cap`` at a time (an upper bound: requests also join mid-way);
+    on a lightly loaded loop the observed latency scale falls below 1 and corrects it.
+    """
+    full = curve.latency(cap)
+    return LatencyCurve.from_points([(1, full), (cap, full)]) if cap > 1 else curve
 
 
 def scaled_cost(curve: LatencyCurve, key: BatchKey, d: Defaults) -> StageCost:

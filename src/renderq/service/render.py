@@ -35,6 +35,7 @@ from renderq.service.loading import (
     Workers,
     load_models,
     scaled_cost,
+    step_curve,
     warm_up,
 )
 from renderq.service.metrics import Dashboard, Metrics
@@ -77,21 +78,25 @@ class RenderService:
         try:
             executor, scorer, defaults = self._load(self.config)
             self.workers = workers = Workers.start(self.config, executor)
-            dc, n = workers.device_class, len(workers.executors)
+            dc, cap, loop = workers.device_class, self.config.render_cap, workers.loop
             self.defaults, self.model = defaults, Served(self.config, executor, defaults, dc)
             # Every worker renders the same pipeline on the same kind of device: one
-            # worker's curve prices a batch; the class's capacity is n times its best.
-            cost = warm_up(workers.executors[0], defaults, self.config.render_cap)
-            best = cost.best_size(cost.max_size)
-            self.capacity = n * best / cost.latency(best)
+            # worker's curve prices a batch; the class's capacity is n times its best. A
+            # step loop is one device (its slots are not workers): timed whole-batch.
+            n = 1 if loop else len(workers.executors)
+            curve = warm_up(executor if loop else workers.executors[0], defaults, cap)
+            best = curve.best_size(curve.max_size)
+            self.capacity = n * best / curve.latency(best)
+            priced = step_curve(curve, cap) if loop else curve
             self._engine = engine = RealtimeEngine.build(
                 self.config.batching,
                 QAPolicy(defaults.threshold, self.config.qa.max_attempts),
                 {dc: workers.executors},
-                scorer,
+                loop.beside(scorer) if loop else scorer,
                 self,
-                cost=lambda key: scaled_cost(cost, key, defaults),
+                cost=lambda key: scaled_cost(priced, key, defaults),
                 admission=AdmissionConfig(self.config.max_queue_per_key, n),
+                share_device=False if loop else None,  # the loop takes turns with the scorer
             )
             self._thread = threading.Thread(
                 target=lambda: engine.run(until_idle=False), daemon=True, name="renderq-engine"
