@@ -126,3 +126,8 @@ def test_step_mode_is_refused_where_it_cannot_run(tmp_path: Path) -> None:
         load_config(None, mode="step", devices="cpu:1,cpu:1")
     with pytest.raises(ConfigError, match=r"mode must be 'dynamic' or 'step'.*'window'"):
         load_config(None, mode="window")
+    from renderq.backends.null import NullExecutor
+    from renderq.service.loading import Workers
+
+    with pytest.raises(ConfigError, match="mode 'step' drives a diffusers pipeline.*'null'"):
+        Workers.start(load_config(None, mode="step", model="null"), NullExecutor())
