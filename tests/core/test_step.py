@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from renderq.core.errors import ConfigError, UnknownRequest
-from renderq.core.step import Phase, StepBatcher, StepKey, StepPlan
+from renderq.core.errors import ConfigError, ProfileError, UnknownRequest
+from renderq.core.step import Phase, StepBatcher, StepCost, StepKey, StepPlan
 from renderq.core.types import BatchKey, Request
 from renderq.testing.fakes import FakeStepExecutor, FakeStepState
 from tests.strategies import STEP_KEYS, step_workloads
@@ -248,3 +248,16 @@ def test_nothing_lost_or_finished_twice_never_over_cap_never_mixed(
     # Device time is shared out exactly.
     spent = sum(shell.batcher.spent.values())
     assert spent == pytest.approx(shell.step_seconds, rel=1e-9, abs=1e-12)
+
+
+def test_a_step_cost_from_a_loops_trace_takes_medians_and_prices_sizes_it_never_reached() -> None:
+    steps = [(1, 0.10), (2, 0.30), (2, 0.18), (2, 0.20), (1, 0.12), (1, 0.11)]
+    cost = StepCost.from_trace(steps, [0.05, 0.01, 0.02], [(1, 0.4), (2, 0.5), (2, 0.7)], cap=4)
+    assert cost.step.sizes == (1, 2, 4)
+    assert cost.step.seconds == pytest.approx((0.11, 0.20, 0.40))  # 4 at size 2's per request
+    assert cost.prepare_s == pytest.approx(0.02)
+    assert cost.decode_s(1) == pytest.approx(0.4) and cost.decode_s(2) == pytest.approx(0.6)
+    assert cost.source.startswith("measured")
+    assert StepCost.from_trace([(3, 0.3)]).cap == 3  # no cap given: what it saw
+    with pytest.raises(ProfileError, match="at least one measured step"):
+        StepCost.from_trace([])

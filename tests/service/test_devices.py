@@ -129,5 +129,5 @@ def test_step_mode_is_refused_where_it_cannot_run(tmp_path: Path) -> None:
     from renderq.backends.null import NullExecutor
     from renderq.service.loading import Workers
 
-    with pytest.raises(ConfigError, match="mode 'step' drives a diffusers pipeline.*'null'"):
+    with pytest.raises(ConfigError, match=r"mode 'step' drives a diffusers pipeline.*'null'"):
         Workers.start(load_config(None, mode="step", model="null"), NullExecutor())

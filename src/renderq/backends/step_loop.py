@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from renderq.backends.diffusers import DiffusersExecutor
@@ -42,6 +42,19 @@ from renderq.core.types import Batch, BatchResult, ItemResult, Request, ScoreRes
 
 Answer = Future[tuple[ItemResult, float]]
 """A request's image (or error) and the device-seconds booked to it."""
+
+
+@dataclass(slots=True)
+class StepTrace:
+    """What a step loop's device did, in order: for reports and for a simulator's costs.
+
+    ``steps``: ``(running batch size, seconds)`` of every step; ``prepares``: seconds of
+    every request's prepare; ``decodes``: ``(requests, seconds)`` of every decode batch.
+    """
+
+    steps: list[tuple[int, float]] = field(default_factory=list)
+    prepares: list[float] = field(default_factory=list)
+    decodes: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -71,6 +84,8 @@ class StepLoop:
         self._states: dict[str, _Waiting] = {}
         #: Running-batch size of every step, in order (for reports).
         self.step_sizes: list[int] = []
+        #: Each step's, prepare's and decode's seconds (see :class:`StepTrace`).
+        self.trace = StepTrace()
         self.preemptions = 0
         self._closed = False
         self._thread = threading.Thread(target=self._loop, daemon=True, name="step-loop")
@@ -146,6 +161,7 @@ class StepLoop:
                     (ItemResult(request.id, error=f"{type(exc).__name__}: {exc}"), 0.0)
                 )
             else:
+                self.trace.prepares.append(state.device_seconds)  # its prepare, so far
                 self._states[request.id] = _Waiting(state, answer)
                 self._batcher.submit(request, self._now())
             block = False
@@ -164,14 +180,18 @@ class StepLoop:
             self._answer(running, [_error(s, exc) for s in running])
             return
         self.step_sizes.append(len(running))
+        self.trace.steps.append((len(running), seconds))
         done = [s for s in running if s.done]
         self._batcher.on_step([s.request.id for s in done], seconds, self._now())
         if not done:
             return
+        before = sum(s.device_seconds for s in done)
         try:
             items = self.runner.decode(done)
         except Exception as exc:
             items = [_error(s, exc) for s in done]
+        else:
+            self.trace.decodes.append((len(done), sum(s.device_seconds for s in done) - before))
         self._answer(done, items)
 
     def _answer(self, states: Sequence[StepState], items: Sequence[ItemResult]) -> None:

@@ -36,6 +36,7 @@ from renderq.core.errors import ConfigError
 from renderq.core.policies import Policy
 from renderq.core.settings import QASettings
 from renderq.core.stats import percentile_ci
+from renderq.core.step import StepCost
 from renderq.runtime.sim import SimConfig, SimResult, simulate
 
 
@@ -143,6 +144,8 @@ class Fidelity:
     sim: SimResult
     calibration: Calibration = Calibration()
     medians_only: SimResult | None = None
+    step_cost: StepCost | None = None
+    """Step mode: the loop's cost the simulator ran on (from the real loop's own steps)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Both sides and the relative errors (sim - real) / real."""
@@ -174,6 +177,13 @@ class Fidelity:
             "sim": self.sim.mean_batch_size,
         }
         out["renders"] = {"real": self.real.renders, "sim": self.sim.renders}
+        if self.step_cost is not None:
+            c = self.step_cost
+            out["step_cost"] = {
+                "step_points": [list(p) for p in zip(c.step.sizes, c.step.seconds, strict=True)],
+                "prepare_s": c.prepare_s,
+                "source": c.source,
+            }
         return out
 
 
@@ -185,11 +195,13 @@ def replay(
     qa: QASettings,
     score_batch_size: int,
     calibration: Calibration = Calibration(),
+    step_cost: StepCost | None = None,
 ) -> SimResult:
     """Simulate a recorded run: same arrivals, same QA outcomes, calibrated costs.
 
     Scoring and rendering take turns in the simulation exactly when they did in the run;
-    ``calibration`` adds the run's speed trace and hand-offs (none: medians alone).
+    ``calibration`` adds the run's speed trace and hand-offs (none: medians alone);
+    ``step_cost`` prices step mode's loop (default: derived from ``profile``).
     """
     cfg = SimConfig(
         profile,
@@ -202,5 +214,6 @@ def replay(
         render_overhead_s=calibration.render_overhead_s,
         score_overhead_s=calibration.score_overhead_s,
         speed=calibration.speed,
+        step_cost=step_cost,
     )
     return simulate(policy, cfg)

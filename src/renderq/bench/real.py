@@ -18,7 +18,7 @@ from functools import partial
 from typing import Any
 
 from renderq.backends.diffusers import DiffusersExecutor
-from renderq.backends.step_loop import step_workers
+from renderq.backends.step_loop import StepTrace, step_workers
 from renderq.bench.harness import Backend, Scenario
 from renderq.core.errors import ConfigError
 from renderq.core.events import Accepted, Cancelled, Escalated, Regenerating
@@ -69,6 +69,8 @@ class Recording:
     with interleaving, a last entry holds what it rendered after the last one."""
     step_sizes: list[int] | None = None
     """Step mode: the running batch's size at every step (render batches are of one)."""
+    step_trace: StepTrace | None = None
+    """Step mode: the loop's steps, prepares and decodes with their seconds."""
 
     def arrivals(self) -> tuple[Arrival, ...]:
         """The submit times as a trace, in request-id order (ids are ``r0000000``...)."""
@@ -206,7 +208,7 @@ class RealBench:
                 loop, executors = stack.enter_context(
                     step_workers(_pipeline_of(self.executor), policy.max_batch_size or 16)
                 )
-                rec.step_sizes = loop.step_sizes
+                rec.step_sizes, rec.step_trace = loop.step_sizes, loop.trace
                 turns = loop.beside(scorer)  # scoring at step boundaries, on the same device
                 share, step_turns, scorer = False, turns is not scorer, turns
             recorder = _Recorder(rec, done)

@@ -25,6 +25,7 @@ from renderq.core.cost import Profile
 from renderq.core.errors import ConfigError
 from renderq.core.policies import Policy
 from renderq.core.settings import DEFAULT_MAX_BATCH_SIZE, Batching, ModelSpec, QASettings, key_for
+from renderq.core.step import StepCost
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,10 +163,14 @@ def _one_mode(
         timed,
         paired,
     )
+    # Step mode's render batches are single requests whose device-seconds are shares of
+    # steps they rode with others: its device's own batches are the loop's steps.
+    trace = rec.step_trace
+    own = rec.batches if trace is None else trace.steps
     stability = Stability.check(
         name,
         timed,
-        rec.batches,
+        own,
         (("against the reference", run.efficiency_reference), ("paired", paired)),
         bound,
     )
@@ -178,6 +183,15 @@ def _one_mode(
         return run, None
     cal = calibrated_profile(rec, profile, f"{profile.name}-calibrated")
     calibration = Calibration.of(rec)
+    step_cost = None
+    if trace is not None:
+        # The loop's own steps price the simulated loop. Its slots' hold times are each
+        # request's time in the loop beside others, not a hand-off, and its single-request
+        # shares are no batch speed: neither calibrates step mode (its steps do).
+        step_cost = StepCost.from_trace(
+            trace.steps, trace.prepares, trace.decodes, cap=policy.max_batch_size
+        )
+        calibration = Calibration(score_overhead_s=calibration.score_overhead_s)
     sims = [
         replay(
             policy,
@@ -186,7 +200,8 @@ def _one_mode(
             qa=bench.qa,
             score_batch_size=bench.score_batch_size,
             calibration=c,
+            step_cost=step_cost,
         )
         for c in (calibration, Calibration())
     ]
-    return run, Fidelity(name, result, sims[0], calibration, sims[1]).to_dict()
+    return run, Fidelity(name, result, sims[0], calibration, sims[1], step_cost).to_dict()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -333,6 +334,37 @@ class StepCost:
         except (KeyError, TypeError, AttributeError) as exc:
             raise ProfileError(f"step profile is missing or has a bad field: {exc}") from None
 
+    @classmethod
+    def from_trace(
+        cls,
+        steps: Sequence[tuple[int, float]],
+        prepares: Sequence[float] = (),
+        decodes: Sequence[tuple[int, float]] = (),
+        source: str = "measured: a real step loop's own steps",
+        *,
+        cap: int | None = None,
+    ) -> StepCost:
+        """A step cost from what a real loop did: the median seconds of its steps at each
+        running-batch size, of its prepares, and of its decodes at each size.
+
+        ``cap``: the loop's running-batch cap; a size the loop never reached up to it is
+        priced per request at the largest size it did reach (an upper bound where a step
+        costs less than in proportion to its batch, as on a GPU).
+        """
+        if not steps:
+            raise ProfileError("a step cost needs at least one measured step")
+        points = _medians(steps)
+        top, top_s = points[-1]
+        if cap is not None and cap > top:
+            points.append((cap, top_s * cap / top))
+        decode = _medians(decodes)
+        return cls(
+            LatencyCurve.from_points(points),
+            prepare_s=statistics.median(prepares) if prepares else 0.0,
+            decode=LatencyCurve.from_points(decode) if decode else None,
+            source=source,
+        )
+
     @property
     def cap(self) -> int:
         """The largest running batch the cost model covers."""
@@ -341,3 +373,11 @@ class StepCost:
     def decode_s(self, n: int) -> float:
         """Seconds to decode ``n`` finished requests in one batch."""
         return 0.0 if self.decode is None or n == 0 else self.decode.latency(n)
+
+
+def _medians(points: Sequence[tuple[int, float]]) -> list[tuple[int, float]]:
+    """``(size, median seconds)`` for each size among ``points``, by size."""
+    by: dict[int, list[float]] = {}
+    for n, secs in points:
+        by.setdefault(int(n), []).append(float(secs))
+    return [(n, statistics.median(v)) for n, v in sorted(by.items())]
