@@ -108,6 +108,18 @@ def test_profile_with_adapters_measures_the_switch_into_the_cost_model(tmp_path:
     assert len(doc["render"]["switch_repeats"]) == 9
     assert doc["render"]["switch_s"] > 0
     assert Profile.from_dict(doc).render.switch_s == doc["render"]["switch_s"]
+    # A batch with an adapter active against one with none, each timed round a ratio.
+    factors = doc["render"]["adapter_factor_repeats"]
+    assert len(factors) == 3 and all(f > 0 for f in factors)
+    render = Profile.from_dict(doc).render
+    assert (
+        render.adapter_factor
+        == doc["render"]["adapter_factor"]
+        == pytest.approx(sorted(factors)[1], abs=1e-4)
+    )
+    assert render.for_adapter("a").latency(2) == pytest.approx(
+        render.latency(2) * render.adapter_factor
+    )
     res = CliRunner().invoke(app, ["profile", "--lora", "nopath"])
     assert res.exit_code == 2 and "nopath" in res.output
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from renderq.backends.simulated import SimulatedExecutor
 from renderq.core.admission import expected_finish
 from renderq.core.cost import LatencyCurve, StageCost
+from renderq.core.errors import ProfileError
 from renderq.core.fairness import MAX_SWITCH_SHARE, FairShare
 from renderq.core.policies import AdHoc, Dynamic
 from renderq.core.qa import QAPolicy
@@ -206,3 +207,31 @@ def test_the_simulated_executor_pays_the_switch_when_the_adapter_changes() -> No
         batch = Batch(0, k, tuple(reqs(k, 1)), 0.0, 4)
         times.append(ex.run(batch).device_seconds)
     assert times == [1.0, 1.5, 1.0, 1.5] and ex.switches == 2
+
+
+def test_a_key_with_an_adapter_is_priced_at_its_measured_extra_compute() -> None:
+    base = key(0)
+    ink = with_adapter(base, "ink")
+    cost = dataclasses.replace(flat(1.0), adapter_factor=1.5)
+    assert cost.for_adapter("").latency(4) == 1.0 and cost.for_adapter("ink").latency(4) == 1.5
+    assert flat(1.0).for_adapter("ink").latency(4) == 1.0  # not measured: the curve as is
+    s = Scheduler(AdHoc(), qa=QAPolicy(enabled=False), cost=lambda k: cost)
+    for k in (base, ink):  # a batch of each came back: both measured, nothing queued
+        for r in reqs(k, 1):
+            s.submit(r, 0.0)
+        run_batches(s, 1)
+    [plain] = reqs(base, 1)
+    [styled] = reqs(ink, 1)
+    # Priced as two batches (the key's request still in flight, then its own): two of
+    # 1.0 s fit in 2.5 s, the adapter's two of 1.5 s do not.
+    assert s.submit(dataclasses.replace(plain, deadline=2.5), 0.0).admitted
+    s.cancel(plain.id, 0.0)
+    verdict = s.submit(dataclasses.replace(styled, deadline=2.5), 0.0)
+    assert not verdict.admitted and verdict.reason == "deadline"
+    assert "expected to finish in 3.00s" in verdict.detail
+    # The simulated executor takes the same extra time.
+    ex = SimulatedExecutor(cost, "gpu0", random.Random(0))
+    times = [ex.run(Batch(0, k, tuple(reqs(k, 1)), 0.0, 4)).device_seconds for k in (base, ink)]
+    assert times == [1.0, 1.5]
+    with pytest.raises(ProfileError, match="adapter_factor must be > 0, got 0"):
+        dataclasses.replace(cost, adapter_factor=0.0)

@@ -37,7 +37,8 @@ class SimulatedExecutor:
     own: each real batch's seconds over its size's median); a batch cut at time ``t``
     takes ``factor`` times as long, the factor of the last step at or before ``t`` (the
     first step's before it). A batch whose LoRA adapter differs from the previous batch's
-    takes the cost model's ``switch_s`` more, as a worker switching adapters does.
+    takes the cost model's ``switch_s`` more, as a worker switching adapters does, and a
+    batch with an adapter active takes ``adapter_factor`` times its curve.
     """
 
     cost: StageCost
@@ -64,7 +65,8 @@ class SimulatedExecutor:
 
     def run(self, batch: Batch) -> BatchResult:
         """Every item renders (its image is the request id); time comes from the cost model."""
-        seconds = self.cost.latency(batch.size) * self.slowdown(batch.created_at)
+        cost = self.cost.for_adapter(batch.key.adapter)
+        seconds = cost.latency(batch.size) * self.slowdown(batch.created_at)
         if self.jitter:
             seconds *= 1.0 + self.rng.uniform(-self.jitter, self.jitter)
         if batch.key.adapter != self._adapter:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,19 +95,20 @@ def profile_loaded(
     images: list[Any] = []
     counter = iter(range(1 << 62))
 
-    def render(n: int) -> float:
+    def render(n: int, adapter: str = "") -> float:
         reset()
+        batch_key = dataclasses.replace(key, adapter=adapter) if adapter else key
         reqs = tuple(
             Request(
                 f"p{i}",
                 PROMPTS[i % len(PROMPTS)],
-                key,
+                batch_key,
                 base_seed=next(counter),
                 guidance_scale=guidance,
             )
             for i in range(n)
         )
-        result = executor.run(Batch(0, key, reqs, 0.0, n))
+        result = executor.run(Batch(0, batch_key, reqs, 0.0, n))
         images[:] = [it.image for it in result.items if it.ok]
         if result.fitted_cap is not None:
             raise MemoryError(f"batch of {n} ran out of memory")
@@ -143,7 +145,30 @@ def profile_loaded(
         switches = measure_switches(executor, repeats=s.repeats, warmup=s.warmup)
         doc["render"]["switch_s"] = round(statistics.median(switches), 6)
         doc["render"]["switch_repeats"] = [round(t, 6) for t in switches]
+        largest = max(p.batch_size for p in render_pts)
+        factors = measure_adapter_factor(render, largest, sorted(executor.lora.paths), s.repeats)
+        doc["render"]["adapter_factor"] = round(statistics.median(factors), 4)
+        doc["render"]["adapter_factor_repeats"] = [round(f, 4) for f in factors]
     return doc
+
+
+def measure_adapter_factor(
+    render: Callable[[int, str], float], n: int, adapters: Sequence[str], repeats: int
+) -> list[float]:
+    """Each round's ratio of a batch of ``n`` with an adapter active to one with none.
+
+    A round renders with no adapter, then with each adapter, then with none again (so a
+    slow spell falls on both sides); its ratio is the adapters' mean over the two plain
+    batches' mean. One untimed round first (the first activation loads kernels).
+    """
+    ratios: list[float] = []
+    for round_ in range(1 + max(repeats, 3)):
+        plain = render(n, "")
+        withs = [render(n, a) for a in adapters]
+        plain = (plain + render(n, "")) / 2
+        if round_ > 0:
+            ratios.append(statistics.fmean(withs) / plain)
+    return ratios
 
 
 def measure_switches(executor: DiffusersExecutor, *, repeats: int, warmup: int) -> list[float]:

@@ -105,10 +105,27 @@ class StageCost:
     #: another (0: no adapters, or a switch too cheap to price); measured by
     #: ``renderq profile --lora``. Admission and the fair order across keys price it.
     switch_s: float = 0.0
+    #: How much longer a batch takes with a LoRA adapter active than with none (unfused
+    #: adapter layers add their own matmuls; 1: not measured); measured by ``renderq
+    #: profile --lora``. A key with an adapter is priced at ``adapter_factor`` times the
+    #: curve (:meth:`for_adapter`).
+    adapter_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.switch_s) or self.switch_s < 0:
             raise ProfileError(f"an adapter switch must take >= 0 seconds, got {self.switch_s}")
+        if not math.isfinite(self.adapter_factor) or self.adapter_factor <= 0:
+            raise ProfileError(f"adapter_factor must be > 0, got {self.adapter_factor}")
+
+    def for_adapter(self, adapter: str) -> StageCost:
+        """The cost of a key with ``adapter`` ("" for none): the curve times
+        ``adapter_factor`` when one is active, this cost itself otherwise."""
+        if not adapter or self.adapter_factor == 1.0:
+            return self
+        scaled = LatencyCurve(
+            self.curve.sizes, tuple(s * self.adapter_factor for s in self.curve.seconds)
+        )
+        return StageCost(scaled, self.memory, self.switch_s, 1.0)
 
     def cap(self) -> int:
         """The largest batch this stage can run: measured and fitting in memory."""
@@ -178,4 +195,9 @@ def _stage(data: Mapping[str, Any], device_bytes: float) -> StageCost:
             per_image_bytes=float(mem["per_image"]) * GIB,
             device_bytes=device_bytes,
         )
-    return StageCost(curve=curve, memory=memory, switch_s=float(data.get("switch_s", 0.0)))
+    return StageCost(
+        curve=curve,
+        memory=memory,
+        switch_s=float(data.get("switch_s", 0.0)),
+        adapter_factor=float(data.get("adapter_factor", 1.0)),
+    )

@@ -545,8 +545,10 @@ class Scheduler:
         return policy
 
     def _stage_cost(self, key: BatchKey) -> StageCost | None:
+        """The cost model of ``key``'s batches, its adapter's extra compute included."""
         if key not in self._cost_cache:
-            self._cost_cache[key] = self._cost(key)
+            cost = self._cost(key)
+            self._cost_cache[key] = cost.for_adapter(key.adapter) if cost is not None else None
         return self._cost_cache[key]
 
     def _queue(self, lane: _Lane) -> _KeyQueue:
