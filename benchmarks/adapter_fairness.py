@@ -12,16 +12,17 @@ measured by ``renderq profile --lora``). Two traces:
 ``--measure-switch`` first measures the switch on the embedded mini-SD: two seeded random
 rank-8 LoRA adapters for its UNet, loaded once, switched round them and none
 (``renderq.bench.model_profile.measure_switches``, as ``renderq profile --lora`` does), and
-a batch of 8 timed with an adapter active and with none; the simulation then uses the
-measured switch.
+a batch of 8 timed with an adapter active against one with none (``measure_adapter_factor``,
+the profile's ``render.adapter_factor``); the simulation then prices both, and offers
+load against the capacity with an adapter active (every request here names one).
 
 Each trace runs twice on the same arrivals: keys of equal priority ordered by fair share
 (renderq's order, ``core.fairness``) and oldest head first (first in, first out across
 keys). Printed per run and adapter: p50 and p99 latency, and for the run the adapter
 switches and the share of device time they took. The gate is off (latency only).
 
-Run: ``python benchmarks/adapter_fairness.py [--measure-switch | --switch-s 0.02]
-[--profile mini-sd-cpu] [--load 0.9] [--requests 3000] [--json]``.
+Run: ``python benchmarks/adapter_fairness.py [--measure-switch | --switch-s 0.02
+--adapter-factor 1.28] [--profile mini-sd-cpu] [--load 0.9] [--requests 3000] [--json]``.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def measure_switch(repeats: int = 5) -> dict[str, float]:
 
     from renderq.backends.diffusers import DiffusersExecutor, set_cpu_threads
     from renderq.backends.registry import model_defaults, resolve
-    from renderq.bench.model_profile import measure_switches
+    from renderq.bench.model_profile import measure_adapter_factor, measure_switches
     from renderq.core.settings import key_for
     from renderq.core.types import Batch, Request
     from renderq.testing.tiny import build_tiny_lora
@@ -86,21 +87,19 @@ def measure_switch(repeats: int = 5) -> dict[str, float]:
         steps, guidance = model_defaults(model)
         w, h = ex.default_size()
 
-        def render(adapter: str) -> float:
+        def render(n: int, adapter: str) -> float:
             key = key_for(model, w, h, steps, guidance, ex.sampler, "fp32", "cpu")
             key = dataclasses.replace(key, adapter=adapter)
-            reqs = tuple(Request(f"r{i}", "a red circle", key, base_seed=i) for i in range(8))
-            return ex.run(Batch(0, key, reqs, 0.0, 8)).device_seconds
+            reqs = tuple(Request(f"r{i}", "a red circle", key, base_seed=i) for i in range(n))
+            return ex.run(Batch(0, key, reqs, 0.0, n)).device_seconds
 
-        times: dict[str, list[float]] = {"": [], "a": []}
-        for _ in range(repeats):  # alternate, so a slow spell weighs on both
-            for adapter in times:
-                ex.lora.activate(ex.pipeline, adapter)  # the switch is not timed here
-                times[adapter].append(render(adapter))
+        # As renderq profile --lora measures it: rounds of none, each adapter, none.
+        factors = measure_adapter_factor(render, 8, sorted(paths), repeats)
     return {
         "switch_s": statistics.median(switches),
-        "render8_s": statistics.median(times[""]),
-        "render8_adapter_s": statistics.median(times["a"]),
+        "adapter_factor": statistics.median(factors),
+        "adapter_factor_min": min(factors),
+        "adapter_factor_max": max(factors),
     }
 
 
@@ -126,6 +125,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--profile", default="mini-sd-cpu")
     ap.add_argument("--switch-s", type=float, default=0.02)
+    ap.add_argument("--adapter-factor", type=float, default=1.0)
     ap.add_argument("--measure-switch", action="store_true")
     ap.add_argument("--load", type=float, default=0.9)
     ap.add_argument("--requests", type=int, default=3000)
@@ -138,12 +138,13 @@ def main() -> None:
     args = ap.parse_args()
     measured = measure_switch() if args.measure_switch else None
     if measured is not None:
-        args.switch_s = measured["switch_s"]
+        args.switch_s, args.adapter_factor = measured["switch_s"], measured["adapter_factor"]
     base = load_profile(args.profile)
-    profile = dataclasses.replace(
-        base, render=dataclasses.replace(base.render, switch_s=args.switch_s)
+    render = dataclasses.replace(
+        base.render, switch_s=args.switch_s, adapter_factor=args.adapter_factor
     )
-    curve = profile.render.curve
+    profile = dataclasses.replace(base, render=render)
+    curve = render.for_adapter("any").curve  # every request here names an adapter
     capacity = max(n / s for n, s in zip(curve.sizes, curve.seconds, strict=True))
     traces = {
         "poisson": poisson_trace(
@@ -166,13 +167,15 @@ def main() -> None:
                          **summarise(res, trace, args.switch_s)})  # fmt: skip
     if args.json:
         print(json.dumps({"profile": profile.name, "switch_s": args.switch_s,
+                          "adapter_factor": args.adapter_factor,
                           "measured": measured, "capacity_per_s": capacity, "rows": rows},
                          indent=2))  # fmt: skip
         return
     if measured is not None:
         print(f"embedded mini-SD, two rank-8 LoRA adapters: switch {measured['switch_s']:.4f} s "
-              f"(median); batch of 8: {measured['render8_s']:.3f} s without an adapter, "
-              f"{measured['render8_adapter_s']:.3f} s with one")  # fmt: skip
+              f"(median); a batch of 8 with an adapter takes {measured['adapter_factor']:.3f}x "
+              f"one without (rounds {measured['adapter_factor_min']:.3f}-"
+              f"{measured['adapter_factor_max']:.3f})")  # fmt: skip
     print(f"profile {profile.name}: capacity {capacity:.2f} images/s, switch {args.switch_s} s; "
           f"poisson at {args.load}x with {args.rare:.0%} rare; backlog {args.backlog} popular "
           f"at t=0, rare at {args.rare_rate}/s")  # fmt: skip
