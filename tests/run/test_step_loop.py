@@ -8,6 +8,8 @@ size), a scorer that fails one prompt's first image, and the engine as ``run`` d
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,11 +20,11 @@ from renderq.backends.diffusers import DiffusersExecutor
 from renderq.backends.registry import resolve
 from renderq.backends.step import StepExecutor
 from renderq.backends.step_loop import StepLoop
-from renderq.core.errors import WorkerLost
+from renderq.core.errors import ConfigError, WorkerLost
 from renderq.core.events import Accepted, Escalated, Regenerating
 from renderq.core.policies import StepSlots
 from renderq.core.qa import QAPolicy
-from renderq.core.scheduler import Scheduler
+from renderq.core.scheduler import Reserve, Scheduler
 from renderq.core.settings import key_for
 from renderq.core.types import Batch, BatchKind, Request, ScoreResult
 from renderq.runtime.realtime import RealtimeEngine
@@ -152,3 +154,50 @@ def test_step_mode_refuses_a_device_pool(tmp_path, tiny_model, tiny_clip):  # ty
                             tiny_clip, mode="step")  # fmt: skip
     with pytest.raises(ConfigError, match="--mode step"):
         run_job(settings, devices=[WorkerSpec("cpu", "cpu", 1)])
+
+
+def test_an_interactive_request_takes_a_reserved_slot_and_preempts_a_running_bulk_one(
+    mini64: DiffusersExecutor,
+) -> None:
+    # A running batch of 2, plus 1 slot that only priority >= 10 may take.
+    loop = StepLoop(StepExecutor(mini64.pipeline, mini64.model), cap=2)
+    listener = RecordingListener()
+    sched = Scheduler(
+        StepSlots(2), qa=QAPolicy(enabled=False), reserve=Reserve(workers=1, min_priority=10)
+    )
+    engine = RealtimeEngine(sched, {"cpu": loop.slots(3)}, FirstImageFails(""), listener)
+    bulk = [_req(mini64, i, 6) for i in range(4)]
+    for r in bulk:
+        engine.submit(r)
+    urgent = dataclasses.replace(_req(mini64, 9, 2), id="urgent", priority=10)
+
+    def submit_when_running() -> None:
+        while len(loop.step_sizes) < 2:  # the bulk batch has taken two steps
+            time.sleep(0.005)
+        assert engine.call(lambda now: sched.submit(urgent, now)).result().admitted
+
+    helper = threading.Thread(target=submit_when_running)
+    helper.start()
+    try:
+        engine.run()
+    finally:
+        helper.join()
+        loop.close()
+    done = [ev.request.id for ev in listener.events(Accepted)]
+    assert sorted(done) == sorted([*(r.id for r in bulk), "urgent"])
+    # Only two bulk requests ever ran at once (the third slot was kept), the urgent one
+    # displaced one of them and finished first; the displaced one resumed where it stopped.
+    assert loop.preemptions >= 1 and max(loop.step_sizes) == 2
+    assert done[0] == "urgent"
+    images = {rid: im for st in listener.steps for rid, im in st.images.items()}
+    for r in [*bulk, urgent]:
+        ref = mini64.run(Batch(0, r.key, (r,), 0.0, 1)).items[0].image
+        assert np.abs(images[r.id].astype(int) - ref.astype(int)).max() <= 1, r.id
+
+
+def test_a_reserve_keeps_its_workers_from_work_below_its_priority() -> None:
+    from renderq.core.scheduler import Reserve as R
+
+    assert R(1, 10).admits(0, 2) and not R(1, 10).admits(0, 1) and R(1, 10).admits(10, 1)
+    with pytest.raises(ConfigError, match="at least one worker, got 0"):
+        R(0, 10)

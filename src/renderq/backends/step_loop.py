@@ -249,12 +249,14 @@ class _Slot:
 
 @contextmanager
 def step_workers(
-    executor: DiffusersExecutor, cap: int
+    executor: DiffusersExecutor, cap: int, reserved: int = 0
 ) -> Iterator[tuple[StepLoop, dict[str, list[Executor]]]]:
     """Step mode on a loaded pipeline: its loop and the slots to hand the engine, by class.
 
     The loop drives ``executor``'s own pipeline (nothing is loaded twice); a pipeline the
     step executor cannot drive (Flux, LCM-style UNets) is refused with a ConfigError.
+    ``reserved``: slots beyond the running batch's ``cap``, for the scheduler to keep for
+    urgent work (``core.scheduler.Reserve``), so that it can preempt a running request.
     """
     runner = StepExecutor(
         executor.pipeline, executor.model, device=executor.device,
@@ -262,6 +264,6 @@ def step_workers(
     )  # fmt: skip
     loop = StepLoop(runner, cap)
     try:
-        yield loop, {loop.device_class: loop.slots()}
+        yield loop, {loop.device_class: loop.slots(cap + reserved)}
     finally:
         loop.close()

@@ -51,6 +51,31 @@ CostLookup = Callable[[BatchKey], StageCost | None]
 _Lane = tuple[BatchKey, Windows | None]
 
 
+@dataclass(frozen=True, slots=True)
+class Reserve:
+    """Workers of every device class kept for urgent work: a batch whose head has a
+    priority below ``min_priority`` starts only while more than ``workers`` of its class
+    are free.
+
+    Step mode's loop gives the engine more slots than its running batch holds and reserves
+    the extra for interactive work: bulk requests fill the running batch only, and an
+    interactive request always finds a slot, enters the loop and takes the place of a
+    running bulk one at the next step boundary (``core.step``: the bulk request is paused
+    with its latents and resumes where it stopped).
+    """
+
+    workers: int
+    min_priority: int
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ConfigError(f"a reserve needs at least one worker, got {self.workers}")
+
+    def admits(self, priority: int, free: int) -> bool:
+        """Whether work of ``priority`` may take a worker when ``free`` are free."""
+        return priority >= self.min_priority or free > self.workers
+
+
 def _lane(request: Request) -> _Lane:
     return (request.key, request.window)
 
@@ -101,12 +126,15 @@ class Scheduler:
         admission: AdmissionConfig | None = None,
         ledger: Ledger | None = None,
         fair_share: bool = True,
+        reserve: Reserve | None = None,
     ) -> None:
         """``fair_share``: keys of equal priority share a device class by device time
         (``core.fairness``); ``False`` serves them oldest head first (first in, first out
-        across keys), for measuring what fair share changes."""
+        across keys), for measuring what fair share changes. ``reserve``: workers of each
+        class that only urgent work may take (see :class:`Reserve`)."""
         if default_cap < 1:
             raise ConfigError(f"default_cap must be >= 1, got {default_cap}")
+        self._reserve = reserve
         self.policy = policy
         self.qa = qa or QAPolicy()
         self.ledger = ledger if ledger is not None else Ledger()
@@ -282,6 +310,8 @@ class Scheduler:
                 if n <= 0:
                     continue
                 prio, oldest = self._head(q)
+                if self._reserve is not None and not self._reserve.admits(prio, free[dc]):
+                    continue  # the last free workers are kept for urgent work
                 fair = self._fair.rank(lane, dc, self._turn_s(lane[0])) if self._fair else (0, 0.0)
                 rank = (-prio, *fair, oldest)
                 if best is None or rank < best[0]:

@@ -37,7 +37,7 @@ from renderq.core.ledger import Ledger, LedgerRow
 from renderq.core.policies import Policy
 from renderq.core.protocols import Executor, Scorer
 from renderq.core.qa import QAPolicy
-from renderq.core.scheduler import CostLookup, Scheduler
+from renderq.core.scheduler import CostLookup, Reserve, Scheduler
 from renderq.core.score_stage import ScoreJob, ScoreStage, score_cap
 from renderq.core.settings import Batching, make_policy
 from renderq.core.types import (
@@ -164,17 +164,18 @@ class RealtimeEngine:
         default_cap: int = 64,
         share_device: bool | None = None,
         clock: Callable[[], float] = time.monotonic,
+        reserve: Reserve | None = None,
     ) -> RealtimeEngine:
         """The engine ``run``, ``serve`` and ``bench`` drive: a new scheduler with
         ``batching``'s policy and the QA decision ``qa``, scoring in ``batching``'s batches.
 
         ``policy``: one ``make_policy`` already made from ``batching`` (the bench's harness
-        makes one per mode, windows included); ``ledger``, ``cost``, ``admission`` and
-        ``default_cap`` go to the :class:`Scheduler`, the rest to the engine.
+        makes one per mode, windows included); ``ledger``, ``cost``, ``admission``,
+        ``default_cap`` and ``reserve`` go to the :class:`Scheduler`, the rest to the engine.
         """
         sched = Scheduler(
             policy or make_policy(batching), qa=qa, cost=cost, default_cap=default_cap,
-            admission=admission, ledger=ledger,
+            admission=admission, ledger=ledger, reserve=reserve,
         )  # fmt: skip
         return cls(
             sched, executors, scorer, listener, score_batch_size=batching.score_batch_size,

@@ -178,7 +178,9 @@ class Workers:
                 "has none (serve it with mode 'dynamic')"
             )
         stack = ExitStack()
-        loop, slots = stack.enter_context(step_workers(executor, cap))
+        # As many slots again as the running batch holds, kept for interactive work: an
+        # interactive request enters the loop at once and displaces a running bulk one.
+        loop, slots = stack.enter_context(step_workers(executor, cap, reserved=cap))
         [(device_class, executors)] = slots.items()
         return cls(device_class, executors, stack, loop)
 

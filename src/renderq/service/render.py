@@ -22,12 +22,19 @@ from renderq.core.admission import AdmissionConfig
 from renderq.core.errors import ConfigError
 from renderq.core.protocols import Executor, Scorer
 from renderq.core.qa import QAPolicy
-from renderq.core.scheduler import Scheduler
+from renderq.core.scheduler import Reserve, Scheduler
 from renderq.core.types import Batch, Request, RequestState
 from renderq.runtime.realtime import RealtimeEngine, Step
 from renderq.service.bulk import Bulk
 from renderq.service.config import ServiceConfig
-from renderq.service.interactive import DRAINING, Answer, ImageResult, Outstanding, Refused
+from renderq.service.interactive import (
+    DRAINING,
+    INTERACTIVE_PRIORITY,
+    Answer,
+    ImageResult,
+    Outstanding,
+    Refused,
+)
 from renderq.service.jobs import JobBook
 from renderq.service.loading import (
     Defaults,
@@ -97,6 +104,7 @@ class RenderService:
                 cost=lambda key: scaled_cost(priced, key, defaults),
                 admission=AdmissionConfig(self.config.max_queue_per_key, n),
                 share_device=False if loop else None,  # the loop takes turns with the scorer
+                reserve=Reserve(cap, INTERACTIVE_PRIORITY) if loop else None,
             )
             self._thread = threading.Thread(
                 target=lambda: engine.run(until_idle=False), daemon=True, name="renderq-engine"
