@@ -33,11 +33,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from renderq.backends.diffusers import DiffusersExecutor
+from renderq.backends.diffusers import DiffusersExecutor, is_oom
 from renderq.backends.step import StepExecutor, StepState
 from renderq.core.errors import ConfigError, WorkerLost
 from renderq.core.protocols import Executor, Scorer
-from renderq.core.step import StepBatcher
+from renderq.core.step import StepBatcher, StepKey
 from renderq.core.types import Batch, BatchResult, ItemResult, Request, ScoreResult
 
 Answer = Future[tuple[ItemResult, float]]
@@ -80,7 +80,9 @@ class StepLoop:
         self.device_class = runner.device_class
         self._clock = clock
         self._inbox: queue.SimpleQueue[tuple[Request, Answer] | _Call | None] = queue.SimpleQueue()
-        self._batcher = StepBatcher(cap=cap)
+        #: Running-batch caps lowered by an out-of-memory step, per step key.
+        self.fitted_caps: dict[StepKey, int] = {}
+        self._batcher = StepBatcher(cap=lambda key: self.fitted_caps.get(key, self.cap))
         self._states: dict[str, _Waiting] = {}
         #: Running-batch size of every step, in order (for reports).
         self.step_sizes: list[int] = []
@@ -176,6 +178,12 @@ class StepLoop:
         try:
             seconds = self.runner.step(running)
         except Exception as exc:
+            if is_oom(exc) and len(running) > 1 and plan.key is not None:
+                # The denoiser ran out of memory before any state moved: run this key at
+                # half the batch from now on; the next plan pauses the rest, and every
+                # request goes on from the step it is at (nothing lost, nothing repeated).
+                self.fitted_caps[plan.key] = len(running) // 2
+                return
             self._batcher.on_step([s.request.id for s in running], 0.0, self._now())
             self._answer(running, [_error(s, exc) for s in running])
             return
@@ -185,14 +193,20 @@ class StepLoop:
         self._batcher.on_step([s.request.id for s in done], seconds, self._now())
         if not done:
             return
+        self._answer(done, self._decode(done))
+
+    def _decode(self, done: Sequence[StepState]) -> list[ItemResult]:
+        """Decode ``done`` in one batch; one that runs out of memory, in halves."""
         before = sum(s.device_seconds for s in done)
         try:
             items = self.runner.decode(done)
         except Exception as exc:
-            items = [_error(s, exc) for s in done]
-        else:
-            self.trace.decodes.append((len(done), sum(s.device_seconds for s in done) - before))
-        self._answer(done, items)
+            if is_oom(exc) and len(done) > 1:
+                half = len(done) // 2
+                return [*self._decode(done[:half]), *self._decode(done[half:])]
+            return [_error(s, exc) for s in done]
+        self.trace.decodes.append((len(done), sum(s.device_seconds for s in done) - before))
+        return list(items)
 
     def _answer(self, states: Sequence[StepState], items: Sequence[ItemResult]) -> None:
         for s, item in zip(states, items, strict=True):
