@@ -1,4 +1,4 @@
-"""The step-level executor against the whole-batch path: embedded mini-SD, tiny SDXL and SD3.
+"""The step-level executor against the whole-batch path: embedded mini-SD, tiny SDXL, SD3, Flux.
 
 Equality is checked two ways. In float32, a running batch that starts together with one
 step count is the same computation as one pipeline call and must match it to 1e-4. With
@@ -219,10 +219,48 @@ def test_sd3_flow_matching_joins_mid_way_and_equals_the_whole_batch_path(
     assert np.abs(got["r0"] - got["r2"]).max() > 100 * TOL
 
 
-def test_flux_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("embedded_guidance", [True, False])
+def test_flux_joins_mid_way_and_equals_the_whole_batch_path(
+    tmp_path: Path, embedded_guidance: bool
+) -> None:
+    """Tiny Flux: packed latents, shifted sigmas, guidance per row as an embedding."""
     ex = DiffusersExecutor.load(str(tiny.build_tiny_flux(tmp_path)), name="tiny-flux")
+    ex.pipeline.transformer.register_to_config(guidance_embeds=embedded_guidance)
+    if not embedded_guidance:
+        ex.pipeline.transformer.time_text_embed = _without_guidance(ex.pipeline.transformer)
+    w, h = ex.default_size()
+
+    def flux(i: int, steps: int, guidance: float) -> Request:
+        prompt = PROMPTS[i]
+        bucket = ex.prompt_length(prompt).bucket
+        key = key_for(ex.model, w, h, steps, guidance, ex.sampler, "fp32", "cpu", bucket)
+        return Request(f"r{i}", prompt, key, 700 + i, guidance_scale=guidance)
+
+    a, b, c = flux(0, 3, 3.5), flux(1, 4, 5.0), flux(2, 2, 3.5)
+    got, _ = _drive(StepExecutor(ex.pipeline, ex.model), {0: [a, b], 1: [c]})
+    for r in (a, b, c):
+        (ref,) = _whole_batch(ex, [r])
+        assert np.abs(got[r.id] - ref).max() <= TOL, r.id
+    assert np.abs(got["r0"] - got["r2"]).max() > 100 * TOL
+    # A negative prompt is refused by name, as the whole-batch path refuses it.
+    st = StepExecutor(ex.pipeline, ex.model)
     with pytest.raises(ConfigError, match="tiny-flux"):
-        StepExecutor(ex.pipeline, ex.model)
+        st.prepare(dataclasses.replace(a, negative_prompt="dark"))
+
+
+def _without_guidance(transformer: Any) -> Any:
+    """The transformer's time-and-text embedding without its guidance branch (as a Flux
+    checkpoint without guidance embeds, e.g. Schnell, builds it)."""
+    from diffusers.models.embeddings import CombinedTimestepTextProjEmbeddings
+
+    old = transformer.time_text_embed
+    new = CombinedTimestepTextProjEmbeddings(
+        embedding_dim=old.timestep_embedder.linear_2.out_features,
+        pooled_projection_dim=old.text_embedder.linear_1.in_features,
+    )
+    new.timestep_embedder.load_state_dict(old.timestep_embedder.state_dict())
+    new.text_embedder.load_state_dict(old.text_embedder.state_dict())
+    return new
 
 
 def test_step_level_profile_measures_steps_by_running_batch_size(

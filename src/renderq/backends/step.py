@@ -23,9 +23,12 @@ share of the decode batch it left in. The shares of one call add up to what the 
 so a ledger fed from them stays exact when the batch changes every step.
 
 Supported: the UNet pipelines (Stable Diffusion 1.x/2.x and the embedded mini-SD, SDXL)
-with any diffusers scheduler whose ``step`` takes one request's tensors, and SD3's
-flow-matching transformer (``FlowMatchEulerDiscreteScheduler``, with resolution-dependent
-shifting where configured). Flux (packed latents, guidance as an embedding) is refused.
+with any diffusers scheduler whose ``step`` takes one request's tensors, and the
+flow-matching transformers: SD3 (``FlowMatchEulerDiscreteScheduler``, with
+resolution-dependent shifting where configured) and Flux (packed 2x2 latent patches, its
+own sigma schedule shifted by the image's sequence length, the guidance scale as an
+embedding per row rather than paired rows; negative prompts are refused, as the
+whole-batch path refuses them).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from renderq.core.errors import ConfigError
 from renderq.core.settings import uses_cfg
 from renderq.core.types import Batch, BatchResult, ItemResult, Request
 
-_FAMILIES = ("sd", "sdxl", "sd3")
+_FAMILIES = ("sd", "sdxl", "sd3", "flux")
 
 
 @dataclass(slots=True)
@@ -158,7 +161,7 @@ class StepExecutor:
         """The resolution the model was built for (its sample size times the VAE factor)."""
         vae = int(getattr(self.pipeline, "vae_scale_factor", 8) or 8)
         sample = getattr(self._denoiser().config, "sample_size", None)
-        if self.rules.arch.name != "sd3" and isinstance(sample, int):
+        if self.rules.arch.name not in ("sd3", "flux") and isinstance(sample, int):
             return (sample * vae, sample * vae)
         default = getattr(self.pipeline, "default_sample_size", None)
         if isinstance(default, int):
@@ -178,6 +181,8 @@ class StepExecutor:
         pipe, key = self.pipeline, request.key
         # The family's size rule, as the whole-batch path's callers check it.
         self.rules.check_size(self.model, key.width, key.height)
+        if self.rules.arch.name == "flux":
+            return self._prepare_flux(request)
         vae_factor = int(getattr(pipe, "vae_scale_factor", 8) or 8)
         with torch.inference_mode():
             cond = self._encode(request)
@@ -206,6 +211,54 @@ class StepExecutor:
             sigma = getattr(scheduler, "init_noise_sigma", None)
             latents = noise if sigma is None else noise * sigma
         return StepState(request, scheduler, scheduler.timesteps, latents, cond, generator)
+
+    def _prepare_flux(self, request: Request) -> StepState:
+        """Flux as its pipeline prepares a row: packed latents from the request's generator,
+        the image's position ids, and its sigmas shifted by the image's sequence length."""
+        import numpy as np
+        from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
+
+        torch = import_torch()
+        pipe, key = self.pipeline, request.key
+        self.rules.check_negative_prompt(self.model, request.negative_prompt)
+        bucket = key.prompt_bucket
+        with torch.inference_mode():
+            embeds, pooled, txt_ids = pipe.encode_prompt(
+                prompt=request.prompt,
+                prompt_2=None,
+                device=self.device,
+                num_images_per_prompt=1,
+                **({"max_sequence_length": bucket} if bucket else {}),
+            )
+            generator = torch.Generator(device=self.device).manual_seed(request.seed)
+            latents, img_ids = pipe.prepare_latents(
+                1,
+                int(pipe.transformer.config.in_channels) // 4,
+                key.height,
+                key.width,
+                embeds.dtype,
+                torch.device(self.device),
+                generator,
+                None,
+            )
+            scheduler = copy.deepcopy(pipe.scheduler)
+            config = scheduler.config
+            sigmas = None
+            if not config.get("use_flow_sigmas", False):
+                sigmas = np.linspace(1.0, 1 / key.steps, key.steps)
+            mu = calculate_shift(
+                int(latents.shape[1]),
+                config.get("base_image_seq_len", 256),
+                config.get("max_image_seq_len", 4096),
+                config.get("base_shift", 0.5),
+                config.get("max_shift", 1.15),
+            )
+            timesteps, _ = retrieve_timesteps(
+                scheduler, key.steps, self.device, sigmas=sigmas, mu=mu
+            )
+            scheduler.set_begin_index(0)
+        cond = {"embeds": embeds, "pooled": pooled, "txt_ids": txt_ids, "img_ids": img_ids}
+        return StepState(request, scheduler, timesteps, latents, cond, generator)
 
     def _encode(self, request: Request) -> dict[str, Any]:
         """The request's conditioning, negative row first when guidance is on."""
@@ -273,6 +326,8 @@ class StepExecutor:
 
     def _step(self, running: Sequence[StepState]) -> None:
         torch = import_torch()
+        if self.rules.arch.name == "flux":
+            return self._step_flux(running)
         cfg = uses_cfg(running[0].request.guidance_scale)
         with torch.inference_mode():
             ts = [s.timesteps[s.index] for s in running]
@@ -310,6 +365,34 @@ class StepExecutor:
                 s.latents = s.scheduler.step(
                     noise[i : i + 1], t, s.latents, **_step_kwargs(s), return_dict=False
                 )[0]
+                s.index += 1
+
+    def _step_flux(self, running: Sequence[StepState]) -> None:
+        """One Flux step: rows stacked, each its own timestep and guidance embedding (the
+        rows of one running batch share size and text length, so position ids too)."""
+        torch = import_torch()
+        transformer = self.pipeline.transformer
+        with torch.inference_mode():
+            latents = torch.cat([s.latents for s in running])
+            ts = [s.timesteps[s.index] for s in running]
+            timestep = torch.stack([torch.as_tensor(t) for t in ts]).to(latents.dtype)
+            guidance = None
+            if transformer.config.guidance_embeds:
+                scales = [s.request.guidance_scale for s in running]
+                guidance = torch.tensor(scales, device=latents.device, dtype=torch.float32)
+            first = running[0].cond
+            noise = transformer(
+                hidden_states=latents,
+                timestep=timestep.to(latents.device) / 1000,
+                guidance=guidance,
+                pooled_projections=torch.cat([s.cond["pooled"] for s in running]),
+                encoder_hidden_states=torch.cat([s.cond["embeds"] for s in running]),
+                txt_ids=first["txt_ids"],
+                img_ids=first["img_ids"],
+                return_dict=False,
+            )[0]
+            for i, (s, t) in enumerate(zip(running, ts, strict=True)):
+                s.latents = s.scheduler.step(noise[i : i + 1], t, s.latents, return_dict=False)[0]
                 s.index += 1
 
     def _predict(self, latents: Any, timestep: Any, cond: dict[str, Any]) -> Any:
@@ -366,13 +449,17 @@ class StepExecutor:
         vae = pipe.vae
         with torch.inference_mode():
             latents = torch.cat([s.latents for s in finished])
+            if self.rules.arch.name == "flux":
+                key = finished[0].request.key  # one step key: one size
+                factor = pipe.vae_scale_factor
+                latents = pipe._unpack_latents(latents, key.height, key.width, factor)
             mean = getattr(vae.config, "latents_mean", None)
             std = getattr(vae.config, "latents_std", None)
             if self.rules.arch.name == "sdxl" and mean is not None and std is not None:
                 m = torch.tensor(mean).view(1, -1, 1, 1).to(latents.device, latents.dtype)
                 d = torch.tensor(std).view(1, -1, 1, 1).to(latents.device, latents.dtype)
                 latents = latents * d / vae.config.scaling_factor + m
-            elif self.rules.arch.name == "sd3":
+            elif self.rules.arch.name in ("sd3", "flux"):
                 latents = latents / vae.config.scaling_factor + vae.config.shift_factor
             else:
                 latents = latents / vae.config.scaling_factor

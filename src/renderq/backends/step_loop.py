@@ -268,7 +268,7 @@ def step_workers(
     """Step mode on a loaded pipeline: its loop and the slots to hand the engine, by class.
 
     The loop drives ``executor``'s own pipeline (nothing is loaded twice); a pipeline the
-    step executor cannot drive (Flux, LCM-style UNets) is refused with a ConfigError.
+    step executor cannot drive (LCM-style UNets, other families) is refused with a ConfigError.
     ``reserved``: slots beyond the running batch's ``cap``, for the scheduler to keep for
     urgent work (``core.scheduler.Reserve``), so that it can preempt a running request.
     """
