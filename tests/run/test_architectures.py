@@ -194,3 +194,36 @@ def test_a_job_reports_truncated_prompts_and_refuses_what_the_model_would_ignore
     rows = [json.loads(x) for x in (s.out / "metadata.jsonl").read_text().splitlines()]
     cut = {r["prompt"]: r["truncated"] for r in rows}
     assert cut["a blue square"] == [] and cut[long.strip()][0].startswith("tokenizer: ")
+
+
+def test_no_prompt_buckets_renders_every_t5_prompt_at_the_full_padding(
+    tmp_path: Path, family: Any
+) -> None:
+    import json
+
+    from renderq.backends.null import NullScorer
+    from renderq.core.settings import ModelSpec, QASettings
+    from renderq.jobs.runner import RunSettings, run_job
+
+    name, ex = family
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a red circle\n" + "a red circle " * 8 + "\n")
+
+    def buckets(out: str, on: bool) -> list[int]:
+        s = RunSettings(prompts, tmp_path / out, ModelSpec(ex.model, steps=2),
+                        qa=QASettings(-1.0), prompt_buckets=on)  # fmt: skip
+        run_job(s, executor=ex, scorer=NullScorer())
+        rows = [json.loads(x) for x in (s.out / "metadata.jsonl").read_text().splitlines()]
+        return [r["prompt_bucket"] for r in rows]
+
+    full = ex.rules.t5_limit()
+    if name in ("sd", "sdxl"):  # CLIP-77 only: one bucket either way
+        assert buckets("on", True) == buckets("off", False) == [0, 0]
+        return
+    assert buckets("on", True) == [64, 128] and buckets("off", False) == [full, full]
+    assert full == {"sd3": 256, "flux": 512}[name]
+    # Resuming a job with the other switch would mix paddings: refused, naming it.
+    s = RunSettings(prompts, tmp_path / "off", ModelSpec(ex.model, steps=2),
+                    qa=QASettings(-1.0), prompt_buckets=True)  # fmt: skip
+    with pytest.raises(ConfigError, match="prompt_buckets"):
+        run_job(s, executor=ex, scorer=NullScorer())

@@ -12,6 +12,7 @@ cap for the rest of the run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import importlib
 import inspect
@@ -309,9 +310,16 @@ class DiffusersExecutor:
         """Raise ConfigError unless ``label`` (``NAME`` or ``NAME@SCALE``) is configured."""
         self.lora.check(label)
 
-    def prompt_length(self, prompt: str) -> PromptLength:
-        """The prompt's length bucket (part of its batch key) and what truncates it."""
-        return self.rules.prompt_length(prompt)
+    def prompt_length(self, prompt: str, *, buckets: bool = True) -> PromptLength:
+        """The prompt's length bucket (part of its batch key) and what truncates it.
+
+        ``buckets=False``: every prompt of a T5 pipeline in one bucket, the pipeline's own
+        full padding (``max_sequence_length``'s default), as it renders when called bare.
+        """
+        length = self.rules.prompt_length(prompt)
+        if buckets or not length.bucket:
+            return length
+        return dataclasses.replace(length, bucket=self.rules.t5_limit())
 
     # -- rendering --------------------------------------------------------------------
 

@@ -80,6 +80,12 @@ def run(
         False, "--channels-last", metavar="", help="Channels-last denoiser and VAE (GPU)."
     ),
     seed: int = typer.Option(0, help="Base seed; prompt i gets seed + i unless its line sets one."),
+    prompt_buckets: bool = typer.Option(
+        True,
+        "--prompt-buckets/--no-prompt-buckets",
+        help="T5 pipelines (SD3, Flux): render each prompt at its length bucket's sequence "
+        "length (default), or all at the pipeline's full padding.",
+    ),
     clipscore_scale: bool = typer.Option(
         False, "--clipscore-scale", metavar="", help="Score as 100*max(cos, 0) instead of cosine."
     ),
@@ -118,6 +124,7 @@ def run(
             qa_settings(threshold, max_attempts, calibration, scorer, clipscore_scale),
             seed=seed,
             scale100=clipscore_scale,
+            prompt_buckets=prompt_buckets,
         )
         gpus = None
         if backend == "ray":

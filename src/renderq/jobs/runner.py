@@ -78,6 +78,9 @@ class RunSettings:
     qa: QASettings = field(default_factory=QASettings)
     seed: int = 0
     scale100: bool = False
+    #: T5 pipelines (SD3, Flux): each prompt at its length bucket's sequence length; False
+    #: renders every prompt at the pipeline's full padding (``--no-prompt-buckets``).
+    prompt_buckets: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.seed <= MAX_SEED:
@@ -110,6 +113,7 @@ class RunSettings:
             **(
                 {"adapters": {n: fingerprint(p) for n, p in spec.adapters}} if spec.adapters else {}
             ),
+            **({} if self.prompt_buckets else {"prompt_buckets": False}),
         }
 
 
@@ -260,7 +264,7 @@ def build_prompt_rows(
                 executor.check_adapter(s.lora)
         except ConfigError as exc:
             raise ConfigError(f"{settings.prompts}:{s.line}: {exc}") from None
-        length = executor.prompt_length(s.prompt)
+        length = executor.prompt_length(s.prompt, buckets=settings.prompt_buckets)
         spec = {
             "width": w,
             "height": h,
@@ -348,16 +352,17 @@ def resume_points(store: JobStore, max_attempts: int) -> tuple[dict[str, int], l
     return todo, exhausted
 
 
-def respec_edits(store: JobStore, executor: DiffusersExecutor) -> None:
+def respec_edits(store: JobStore, executor: DiffusersExecutor, buckets: bool = True) -> None:
     """Give prompts a reviewer edited the prompt-length bucket of their own text.
 
     An edit copies its original's render spec, bucket included; the bucket is a property
-    of the text and the model's text encoders, known only here, with the model loaded.
+    of the text and the model's text encoders, known only here, with the model loaded
+    (``buckets``: the run's ``prompt_buckets``).
     """
     for row in store.requests(PromptState.PENDING):
         if row.prompt.parent is None:
             continue
-        length = executor.prompt_length(row.prompt.prompt)
+        length = executor.prompt_length(row.prompt.prompt, buckets=buckets)
         spec = {**row.prompt.spec, "prompt_bucket": length.bucket,
                 "truncated": list(length.truncated)}  # fmt: skip
         if spec != row.prompt.spec:
@@ -483,7 +488,7 @@ def _drive(
     with storage_errors(settings.out):
         writer = DatasetWriter(settings.out)
         run, todo = _begin_run(settings, store, writer)
-        respec_edits(store, executor)
+        respec_edits(store, executor, settings.prompt_buckets)
     ledger = restore_ledger(store)
     with storage_errors(settings.out):
         writer.write_ledger(ledger.report(prices=prices).to_dict())
