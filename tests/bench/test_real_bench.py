@@ -102,3 +102,24 @@ def test_step_mode_is_judged_and_replayed_by_its_loop_steps(
     assert row["calibration"]["speed_steps"] == 0
     # Priced by its own steps, the simulated loop books the real loop's device time closely.
     assert abs(row["device_seconds"]["rel_error"]) < 0.35, row["device_seconds"]
+
+
+def test_real_bench_on_a_pool_of_two_workers(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    sd, clip = tiny
+    args = ["bench", "--executor", "real", "--model", str(sd), "--scorer", str(clip),
+            "--steps", "2", "--threshold", "0.0", "--scenario", "offline", "--requests", "16",
+            "--modes", "adhoc,window", "--max-batch-size", "4", "--devices", "cpu:1,cpu:1",
+            "--compare-sim", "--json"]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.output[res.output.index("{") :])
+    for m in report["modes"].values():
+        assert m["accepted"] + m["escalated"] == 16
+        # Two references before the mode and two after, all on the pool's first worker
+        # (none between: the pool's batches run side by side).
+        assert len(m["reference_batch_s"]) == 4 and m["efficiency"] > 0
+        # Utilisation counts both workers: the device-seconds of both over twice the time.
+        assert 0 < m["utilisation"] <= 1.0
+    for row in report["compare_sim"]:
+        # Replayed on two simulated workers: the same renders as the real pool.
+        assert row["renders"]["real"] == row["renders"]["sim"]

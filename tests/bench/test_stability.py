@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from renderq.bench.harness import Limit, Scenario, summarise
 from renderq.bench.real import RealBench
-from renderq.bench.realrun import run_real
+from renderq.bench.realrun import check_real_options, run_real
 from renderq.bench.report import markdown
 from renderq.bench.stability import Stability, drift, round_order, spread
 from renderq.cli.main import app
@@ -136,12 +136,12 @@ def test_real_only_options_are_refused_by_value() -> None:
     res = runner.invoke(app, ["bench", "--executor", "real", "--repeat", "0"])
     assert res.exit_code != 0 and "--repeat must be >= 1, got 0" in res.output
     with pytest.raises(ConfigError, match="--workers 2"):
-        run_real(
-            RealBench(Scripted(), SlowScorer(0.0), KEY, ["p"], QASettings(0.5), 7.5),
-            load_profile("mini-sd-cpu"),
-            {"adhoc": AdHoc()},
-            Scenario("offline", 2),
-            LIMIT,
-            False,
-            workers=2,
-        )
+        check_real_options(1, 2, 0, 0.25)
+    check_real_options(1, 2, 0, 0.25, pool=2)  # --workers may repeat what --devices says
+    res = runner.invoke(app, ["bench", "--devices", "cpu:1,cpu:1"])
+    assert res.exit_code != 0 and "--devices needs --executor real" in res.output
+    res = runner.invoke(app, ["bench", "--executor", "real", "--devices", "gpu:0"])
+    assert res.exit_code != 0 and "'gpu:0'" in res.output
+    res = runner.invoke(app, ["bench", "--executor", "real", "--devices", "cpu:1,cpu:1",
+                              "--modes", "dynamic,step"])  # fmt: skip
+    assert res.exit_code != 0 and "step mode runs one step loop" in res.output

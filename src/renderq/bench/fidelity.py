@@ -196,12 +196,14 @@ def replay(
     score_batch_size: int,
     calibration: Calibration = Calibration(),
     step_cost: StepCost | None = None,
+    workers: int = 1,
 ) -> SimResult:
     """Simulate a recorded run: same arrivals, same QA outcomes, calibrated costs.
 
     Scoring and rendering take turns in the simulation exactly when they did in the run;
     ``calibration`` adds the run's speed trace and hand-offs (none: medians alone);
-    ``step_cost`` prices step mode's loop (default: derived from ``profile``).
+    ``step_cost`` prices step mode's loop (default: derived from ``profile``);
+    ``workers``: the run's render workers (a device pool's).
     """
     cfg = SimConfig(
         profile,
@@ -215,5 +217,6 @@ def replay(
         score_overhead_s=calibration.score_overhead_s,
         speed=calibration.speed,
         step_cost=step_cost,
+        render_workers=workers,
     )
     return simulate(policy, cfg)

@@ -129,6 +129,14 @@ class RealBench:
     last: Recording | None = None
     clock: Callable[[], float] = time.monotonic
     """The engine's clock (a test may give one that its fake stages advance)."""
+    pool: Sequence[Executor] = ()
+    """A device pool's workers (``--devices``), all of one class: the engine renders on
+    them and the reference batches run on the first; empty: on ``executor``."""
+
+    @property
+    def workers(self) -> int:
+        """Render workers the modes run on."""
+        return len(self.pool) or 1
 
     def backend(self) -> Backend:
         """This bench as a harness backend (the failure rate is what the model does)."""
@@ -156,7 +164,8 @@ class RealBench:
         for b in range(batches):
             start = first + b * size
             reqs = tuple(self.request(i, 0.0) for i in range(start, start + size))
-            out.append(self.executor.run(Batch(0, self.key, reqs, 0.0, size)).device_seconds)
+            worker = self.pool[0] if self.pool else self.executor
+            out.append(worker.run(Batch(0, self.key, reqs, 0.0, size)).device_seconds)
         return out
 
     def run(
@@ -177,6 +186,8 @@ class RealBench:
         if interleave is not None:
             if scenario.name == "server":
                 raise ConfigError("reference batches cannot interleave a server scenario")
+            if self.pool:
+                raise ConfigError("reference batches cannot interleave a device pool's batches")
             size, every = interleave
             firsts = itertools.count(2_000_000, size)  # request ids the mode never uses
             interleaved = _Interleaved(
@@ -201,9 +212,13 @@ class RealBench:
 
         with ExitStack() as stack:
             executors: dict[str, Any] = {executor.device_class: executor}
+            if self.pool:
+                executors = {self.pool[0].device_class: list(self.pool)}
             scorer = self.scorer if self.qa.enabled else _Unscored()
             share: bool | None = self.share_device
             step_turns = False
+            if policy.name == "step" and self.pool:
+                raise ConfigError("step mode runs one step loop on --device; not with --devices")
             if policy.name == "step":  # the slots of one step loop on the bench's pipeline
                 loop, executors = stack.enter_context(
                     step_workers(_pipeline_of(self.executor), policy.max_batch_size or 16)

@@ -74,18 +74,22 @@ def load_bench(s: RealSettings, profile: Profile | None) -> tuple[RealBench, Pro
     return RealBench(ex, sc, key, prompts, qa, guidance, s.batching.score_batch_size), profile
 
 
-def check_real_options(repeat: int, workers: int, reference_every: int, bound: float) -> None:
-    """Refuse, by value, what the real bench cannot take (before any model loads)."""
+def check_real_options(
+    repeat: int, workers: int, reference_every: int, bound: float, pool: int = 0
+) -> None:
+    """Refuse, by value, what the real bench cannot take (before any model loads);
+    ``pool``: the workers ``--devices`` names (``--workers`` must then match or be 1)."""
     if reference_every < 0:
         raise ConfigError(f"--reference-every must be >= 0, got {reference_every}")
     if repeat < 1:
         raise ConfigError(f"--repeat must be >= 1, got {repeat}")
     if not bound > 0:
         raise ConfigError(f"--stability-bound must be > 0, got {bound}")
-    if workers != 1:
+    if workers != 1 and workers != pool:
         raise ConfigError(
             f"--workers {workers} is for the simulator: the real bench drives one render "
-            "worker (one loaded pipeline); give --workers 1 or --executor sim"
+            "worker per --devices entry (one loaded pipeline each); give --devices or "
+            "--executor sim"
         )
 
 
@@ -99,7 +103,6 @@ def run_real(
     reference_every: int = REFERENCE_EVERY,
     *,
     repeat: int = 1,
-    workers: int = 1,
     stability_bound: float = STABILITY_BOUND,
 ) -> tuple[list[ModeRun], list[dict[str, Any]]]:
     """Every mode for real (and replayed in the simulator when asked), ``repeat`` rounds.
@@ -111,15 +114,18 @@ def run_real(
     one whose speed drifts from minute to minute. Each run gets a stability verdict
     against ``stability_bound``; an unstable run's p99 bound is not judged. Round ``r``
     starts at the ``r``-th mode, so no mode always runs first (on a cold machine) or last.
+    On a device pool (``bench.pool``) the references run on its first worker, before and
+    after the mode only (its batches run side by side on every worker).
     """
-    check_real_options(repeat, workers, reference_every, stability_bound)
+    workers = bench.workers  # a device pool's, else one
+    check_real_options(repeat, 1, reference_every, stability_bound)
     runs: list[ModeRun] = []
     fidelity: list[dict[str, Any]] = []
     for r in range(repeat):
         for name in round_order(list(policies), r):
             run, row = _one_mode(
                 bench, profile, name, policies[name], scenario, limit, compare_sim,
-                reference_every, stability_bound,
+                0 if workers > 1 else reference_every, stability_bound,
             )  # fmt: skip
             runs.append(replace(run, round=r))
             if row is not None:
@@ -157,7 +163,7 @@ def _one_mode(
         fail,
         result,
         efficiency(result, limit),
-        utilisation(result),
+        utilisation(result, bench.workers),
         None,
         size / statistics.median(timed),
         timed,
@@ -201,6 +207,7 @@ def _one_mode(
             score_batch_size=bench.score_batch_size,
             calibration=c,
             step_cost=step_cost,
+            workers=bench.workers,
         )
         for c in (calibration, Calibration())
     ]

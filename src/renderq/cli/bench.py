@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -37,6 +38,20 @@ def _rates(text: str) -> list[float]:
     return rates
 
 
+def _pool_specs(devices: str | None, modes: str) -> list[Any]:
+    """The workers ``--devices`` names (none without it), checked before anything loads."""
+    if not devices:
+        return []
+    from renderq.backends.pool import parse_devices
+
+    if "step" in [m.strip() for m in modes.split(",")]:
+        raise ConfigError("step mode runs one step loop on --device; not with --devices")
+    specs = parse_devices(devices)
+    if len({s.device_class for s in specs}) > 1:
+        raise ConfigError(f"--devices {devices!r} names more than one device class")
+    return specs
+
+
 def bench_command(
     scenario: Annotated[str, typer.Option(help="offline | server | single-stream")] = "offline",
     modes: Annotated[str, typer.Option(help="Comma-separated modes.")] = "adhoc,dynamic,window",
@@ -57,8 +72,15 @@ def bench_command(
     ] = _BATCHING.max_queue_delay_s,
     windows: Annotated[str, typer.Option(help="Window mode windows.")] = "always",
     workers: Annotated[
-        int, typer.Option(help="Sim: render workers (the real bench drives one).")
+        int, typer.Option(help="Sim: render workers (real: one per --devices entry).")
     ] = 1,
+    devices: Annotated[
+        str | None,
+        typer.Option(
+            help="Real: render on a pool, one worker process per device, all of one class "
+            "(cuda:0,cuda:1, cuda, cpu:1,cpu:1); --load is then a share of the pool's limit."
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of arrivals and failures.")] = 0,
     executor: Annotated[str, typer.Option(help="sim (cost model) or real (a pipeline).")] = "sim",
     model: Annotated[str, typer.Option(help="Real: diffusers pipeline.")] = _SPEC.model,
@@ -101,21 +123,31 @@ def bench_command(
 ) -> None:
     """Run each mode over one scenario; report efficiency against the limit, cost, latency."""
     fidelity: list[dict[str, Any]] = []
+    stack = ExitStack()
     try:
         if executor not in ("sim", "real"):
             raise ConfigError(f"--executor must be sim or real, got {executor!r}")
         if compare_sim and executor != "real":
             raise ConfigError("--compare-sim needs --executor real")
+        if devices and executor != "real":
+            raise ConfigError("--devices needs --executor real (the simulator takes --workers)")
         bench = None
         gate = QASettings(threshold, max_attempts, enabled=qa)
         batching = Batching(max_batch_size=max_batch_size, max_queue_delay_s=max_queue_delay)
         if executor == "real":
             from renderq.bench.realrun import RealSettings, check_real_options, load_bench
 
-            check_real_options(repeat, workers, reference_every, stability_bound)
+            pool = _pool_specs(devices, modes)
+            check_real_options(repeat, workers, reference_every, stability_bound, len(pool))
             given = None if profile == "article-sdxl-a100" else load_profile(profile)
             spec = ModelSpec(model, scorer, device, precision, steps)
             bench, prof = load_bench(RealSettings(spec, batching, gate), given)
+            if pool:
+                from renderq.jobs.workers import start_pool
+
+                started = start_pool(spec, pool)
+                stack.callback(started.close)
+                [bench.pool] = started.executors().values()
         elif repeat != 1:
             raise ConfigError(
                 f"--repeat {repeat} needs --executor real (a simulated round repeats exactly)"
@@ -124,7 +156,8 @@ def bench_command(
             prof = load_profile(profile)
         limit = Limit.of(prof, max_batch_size)
         if scenario == "server" and rate is None:
-            rate = capacity_rate(limit, load if load is not None else 0.5)
+            share = load if load is not None else 0.5
+            rate = capacity_rate(limit, share) * (bench.workers if bench is not None else 1)
         scen = Scenario(scenario, requests, rate, p99_bound, seed)
         policies = make_policies(modes, batching, windows)
         if bench is not None:
@@ -132,16 +165,18 @@ def bench_command(
 
             runs, fidelity = run_real(
                 bench, prof, policies, scen, limit, compare_sim, reference_every,
-                repeat=repeat, workers=workers, stability_bound=stability_bound,
+                repeat=repeat, stability_bound=stability_bound,
             )  # fmt: skip
         else:
             backend = sim_backend(prof, qa=gate, workers=workers, seed=seed)
             runs = run_bench(backend, policies, scen, limit, _rates(failure_rates), workers)
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
+    finally:
+        stack.close()  # a device pool's workers
     title = f"{scenario}, {requests} requests, profile {prof.name}, QA {'on' if qa else 'off'}"
     if bench is not None:
-        title += f", real runs of {model} on {device}"
+        title += f", real runs of {model} on {devices or device}"
     if rate is not None:
         title += f", {rate:.3f} req/s"
     report: dict[str, Any] = {
