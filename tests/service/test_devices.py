@@ -9,6 +9,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 from PIL import Image
@@ -38,6 +39,19 @@ def _pixels(item: dict[str, object]) -> bytes:
     return _image(item).tobytes()
 
 
+def _job_and_three_calls(c: httpx.Client, prompt: str, n: int) -> list[httpx.Response]:
+    """A bulk job of ``n`` prompts and three interactive calls beside it; waits for both
+    and checks that every prompt was accepted and every call answered."""
+    job = c.post("/v1/jobs", json={"prompts": [f"{prompt} {i}" for i in range(n)]})
+    assert job.status_code == 202, job.text
+    with ThreadPoolExecutor(3) as ex:
+        answers = list(ex.map(lambda _: c.post("/v1/images/generations", json=BODY), range(3)))
+    status = wait_job(c, job.json()["id"], {"done"})
+    assert (status["accepted"], status["pending"]) == (n, 0), status
+    assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+    return answers
+
+
 def test_a_pool_of_two_cpu_workers_serves_what_one_executor_serves(
     tmp_path: Path, models: tuple[Path, Path], server: Server
 ) -> None:
@@ -51,14 +65,7 @@ def test_a_pool_of_two_cpu_workers_serves_what_one_executor_serves(
             stats = c.get("/v1/stats").json()
             assert stats["render_workers"] == {"cpu": 2}
             assert stats["capacity_images_per_s"] > 0
-            job = c.post("/v1/jobs", json={"prompts": [f"a red circle {i}" for i in range(12)]})
-            assert job.status_code == 202, job.text
-            with ThreadPoolExecutor(3) as ex:
-                answers = list(ex.map(lambda _: c.post("/v1/images/generations", json=BODY),
-                                      range(3)))  # fmt: skip
-            status = wait_job(c, job.json()["id"], {"done"})
-            assert (status["accepted"], status["pending"]) == (12, 0), status
-            assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+            answers = _job_and_three_calls(c, "a red circle", 12)
             # Same seed, same image as the service without a pool renders in its own process.
             reference = alone.post("/v1/images/generations", json=BODY).json()["data"]
             for a in answers:
@@ -93,17 +100,10 @@ def test_step_mode_serves_the_images_whole_batches_give(
     step = start_server(cfg, tmp_path / "data", tmp_path / "server.log")
     try:
         with step.client() as c, server.client() as whole:
-            job = c.post("/v1/jobs", json={"prompts": [f"a blue square {i}" for i in range(10)]})
-            assert job.status_code == 202, job.text
-            with ThreadPoolExecutor(3) as ex:
-                answers = list(ex.map(lambda _: c.post("/v1/images/generations", json=BODY),
-                                      range(3)))  # fmt: skip
-            status = wait_job(c, job.json()["id"], {"done"})
-            assert (status["accepted"], status["pending"]) == (10, 0), status
+            answers = _job_and_three_calls(c, "a blue square", 10)
             reference = whole.post("/v1/images/generations", json=BODY).json()["data"]
             want = [np.asarray(_image(d), dtype=int) for d in reference]
             for a in answers:
-                assert a.status_code == 200, a.text
                 got = a.json()["data"]
                 assert [(d["seed"], d["batch_size"]) for d in got] == [(11, 1), (12, 1)]
                 # The step loop's running batch changes the float32 summation order, not
