@@ -165,3 +165,17 @@ def test_a_replay_holds_hand_offs_and_slow_spells_the_medians_cannot_know() -> N
     table = fidelity_table([row])
     assert f"{cal.render_overhead_s * 1e3:.1f} / " in table and "p99 medians only" in table
     assert f"| {ci['low']:.2f}-open |" in table and "real p99 95% CI" in table
+
+
+def test_a_calibrated_profile_covers_sizes_the_run_never_made() -> None:
+    from renderq.bench.real import Recording
+
+    like = load_profile("mini-sd-cpu")
+    rec = Recording(batches=[(1, 0.5), (3, 1.0), (3, 1.2)])
+    profile = calibrated_profile(rec, like, "calibrated")
+    curve, top = profile.render.curve, like.render.curve.max_size
+    # Its own medians where it measured, then the reference curve's shape from size 3 up.
+    assert curve.sizes == (1, 3, top)
+    assert curve.seconds[:2] == (0.5, 1.1)
+    want = 1.1 * like.render.curve.latency(top) / like.render.curve.latency(3)
+    assert curve.seconds[2] == pytest.approx(want)

@@ -257,6 +257,7 @@ def test_a_step_cost_from_a_loops_trace_takes_medians_and_prices_sizes_it_never_
     assert cost.step.seconds == pytest.approx((0.11, 0.20, 0.40))  # 4 at size 2's per request
     assert cost.prepare_s == pytest.approx(0.02)
     assert cost.decode_s(1) == pytest.approx(0.4) and cost.decode_s(2) == pytest.approx(0.6)
+    assert cost.decode_s(4) == pytest.approx(1.2)  # never decoded 4 at once: per request
     assert cost.source.startswith("measured")
     assert StepCost.from_trace([(3, 0.3)]).cap == 3  # no cap given: what it saw
     with pytest.raises(ProfileError, match="at least one measured step"):

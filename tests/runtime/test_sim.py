@@ -223,3 +223,23 @@ def test_adapters_in_a_trace_are_keys_and_fair_share_serves_the_rare_one(tmp_pat
         keys = [int(b[0][0][1:]) >= 400 for s, b in r.log if s == "render"]
         switches = 1 + sum(1 for a, b in itertools.pairwise(keys) if a != b)
         assert r.ledger.seconds["render"] == pytest.approx(renders + 0.5 * switches)
+
+
+def test_a_step_mix_renders_each_request_at_its_own_steps() -> None:
+    from renderq.bench.harness import Scenario
+
+    trace = Scenario("offline", 6, step_mix=(10, 30)).arrivals()
+    assert [a.steps for a in trace] == [10, 30, 10, 30, 10, 30]
+    # One at a time, no gate: each render costs the profile's batch of 1 scaled by its steps.
+    cfg = SimConfig(PROFILE, trace, failure_rate=0.0, qa=QASettings(enabled=False))
+    res = simulate(AdHoc(), cfg)
+    one = PROFILE.render.latency(1)
+    want = sum(one * a.steps / PROFILE.steps for a in trace)
+    assert res.ledger.total_seconds == pytest.approx(want)
+    # Step counts are batch keys: the window mode never mixes them in one batch.
+    res = simulate(Window(), cfg)
+    assert res.ledger.total_seconds == pytest.approx(
+        sum(PROFILE.render.latency(3) * s / PROFILE.steps for s in (10, 30))
+    )
+    with pytest.raises(ConfigError, match="step counts >= 1"):
+        Scenario("offline", 2, step_mix=(0,))

@@ -46,6 +46,9 @@ class SimulatedExecutor:
     rng: random.Random
     jitter: float = 0.0
     speed: Sequence[tuple[float, float]] = ()
+    #: The steps ``cost`` was measured at (0: every batch at ``cost`` as it is); a batch
+    #: of another step count takes its steps' share of it.
+    steps: int = 0
     _times: list[float] = field(default_factory=list, init=False, repr=False)
     _adapter: str = field(default="", init=False, repr=False)
     #: Adapter switches made so far.
@@ -66,6 +69,8 @@ class SimulatedExecutor:
     def run(self, batch: Batch) -> BatchResult:
         """Every item renders (its image is the request id); time comes from the cost model."""
         cost = self.cost.for_adapter(batch.key.adapter)
+        if self.steps:
+            cost = cost.scaled(batch.key.steps / self.steps)
         seconds = cost.latency(batch.size) * self.slowdown(batch.created_at)
         if self.jitter:
             seconds *= 1.0 + self.rng.uniform(-self.jitter, self.jitter)

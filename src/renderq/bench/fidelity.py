@@ -110,8 +110,17 @@ class Calibration:
 
 
 def calibrated_profile(rec: Recording, like: Profile, name: str) -> Profile:
-    """A profile from a real run's batches, with ``like``'s model, device and resolution."""
+    """A profile from a real run's batches, with ``like``'s model, device and resolution.
+
+    Sizes above the largest batch the run made, up to ``like``'s largest, follow ``like``'s
+    curve from there (the simulator may cut a batch the real run never did, when its
+    timing differs).
+    """
     render = _points(rec.batches)
+    curve = like.render.curve
+    if render and int(render[-1][0]) < curve.max_size:
+        top, top_s = int(render[-1][0]), render[-1][1]
+        render.append([curve.max_size, top_s * curve.latency(curve.max_size) / curve.latency(top)])
     score = _points(rec.scores) or [[1, 1e-9]]
     return Profile.from_dict(
         {

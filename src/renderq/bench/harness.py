@@ -24,6 +24,7 @@ carries a stability verdict (:mod:`renderq.bench.stability`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import statistics
@@ -72,8 +73,13 @@ class Scenario:
     rate: float | None = None
     p99_bound_s: float | None = None
     seed: int = 0
+    #: Denoising steps by turns (request i renders ``step_mix[i % len]`` steps); empty:
+    #: every request at the model's steps.
+    step_mix: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if any(n < 1 for n in self.step_mix):
+            raise ConfigError(f"--step-mix takes step counts >= 1, got {self.step_mix}")
         if self.name not in SCENARIOS:
             raise ConfigError(f"unknown scenario {self.name!r}; choose from {', '.join(SCENARIOS)}")
         if self.requests < 1:
@@ -84,7 +90,11 @@ class Scenario:
     def arrivals(self) -> tuple[Arrival, ...]:
         """The arrival trace (single-stream: all at 0; the backend closes the loop)."""
         spec = f"poisson:{self.rate}" if self.name == "server" else "offline"
-        return tuple(arrivals(spec, self.requests, random.Random(self.seed)))
+        trace = arrivals(spec, self.requests, random.Random(self.seed))
+        if not self.step_mix:
+            return tuple(trace)
+        mix = self.step_mix
+        return tuple(dataclasses.replace(a, steps=mix[i % len(mix)]) for i, a in enumerate(trace))
 
     @property
     def streams(self) -> int | None:

@@ -8,6 +8,7 @@ fails exactly the attempts that failed for real).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -47,6 +48,7 @@ class Recording:
     submitted: dict[str, float] = field(default_factory=dict)
     finished: dict[str, float] = field(default_factory=dict)
     batches: list[tuple[int, float]] = field(default_factory=list)
+    """``(size, device-seconds)`` of each render batch, scaled to the bench key's steps."""
     scores: list[tuple[int, float]] = field(default_factory=list)
     outcomes: dict[tuple[str, int], bool] = field(default_factory=dict)
     sizes: dict[int, int] = field(default_factory=dict)
@@ -72,15 +74,22 @@ class Recording:
     step_trace: StepTrace | None = None
     """Step mode: the loop's steps, prepares and decodes with their seconds."""
 
+    steps: dict[str, int] = field(default_factory=dict)
+    """Each request's denoising steps, where a step mix set them (else the key's)."""
+
     def arrivals(self) -> tuple[Arrival, ...]:
-        """The submit times as a trace, in request-id order (ids are ``r0000000``...)."""
-        return tuple(Arrival(self.submitted[r]) for r in sorted(self.submitted))
+        """The submit times (and step counts) as a trace, in request-id order (ids are
+        ``r0000000``...)."""
+        return tuple(
+            Arrival(self.submitted[r], steps=self.steps.get(r, 0)) for r in sorted(self.submitted)
+        )
 
 
 class _Recorder:
-    def __init__(self, rec: Recording, on_done: Any) -> None:
+    def __init__(self, rec: Recording, on_done: Any, steps: int) -> None:
         self.rec = rec
         self.on_done = on_done
+        self.steps = steps  # the bench key's: batches of other step counts are scaled to it
         self.engine: RealtimeEngine | None = None
 
     def started(self, batch: Batch) -> None:
@@ -91,7 +100,9 @@ class _Recorder:
     def step(self, step: Step) -> None:
         now = self.engine.now() if self.engine else 0.0
         if step.render is not None and step.batch is not None:
-            self.rec.batches.append((step.batch.size, step.render.device_seconds))
+            # At the bench key's step count, so that a step mix's batches compare by size.
+            scale = self.steps / step.batch.key.steps
+            self.rec.batches.append((step.batch.size, step.render.device_seconds * scale))
             self.rec.render_held.append(step.held_s)
             self.rec.render_started.append(now - step.held_s)
         if step.score is not None and step.scored:
@@ -142,12 +153,12 @@ class RealBench:
         """This bench as a harness backend (the failure rate is what the model does)."""
         return lambda policy, scenario, _rate: self.run(policy, scenario)
 
-    def request(self, i: int, t: float) -> Request:
-        """The i-th request of a scenario."""
+    def request(self, i: int, t: float, steps: int = 0) -> Request:
+        """The i-th request of a scenario (``steps``: its own step count; 0: the key's)."""
         return Request(
             f"r{i:07d}",
             self.prompts[i % len(self.prompts)],
-            self.key,
+            dataclasses.replace(self.key, steps=steps) if steps else self.key,
             base_seed=i,
             arrival=t,
             guidance_scale=self.guidance,
@@ -226,7 +237,7 @@ class RealBench:
                 rec.step_sizes, rec.step_trace = loop.step_sizes, loop.trace
                 turns = loop.beside(scorer)  # scoring at step boundaries, on the same device
                 share, step_turns, scorer = False, turns is not scorer, turns
-            recorder = _Recorder(rec, done)
+            recorder = _Recorder(rec, done, self.key.steps)
             # The harness made ``policy`` from the command's batching; the score part is here.
             engine = RealtimeEngine.build(
                 Batching(score_batch_size=self.score_batch_size), self.qa.policy(),
@@ -240,7 +251,9 @@ class RealBench:
 
             def submit(i: int, now: float) -> None:
                 rec.submitted[f"r{i:07d}"] = now
-                sched.submit(self.request(i, now), now)
+                if arrivals[i].steps:
+                    rec.steps[f"r{i:07d}"] = arrivals[i].steps
+                sched.submit(self.request(i, now, arrivals[i].steps), now)
 
             if scenario.name == "offline":
                 for i in pending:

@@ -38,6 +38,16 @@ def _rates(text: str) -> list[float]:
     return rates
 
 
+def _step_mix(text: str | None) -> tuple[int, ...]:
+    """``--step-mix 10,20,30`` as step counts (none without it)."""
+    if not text:
+        return ()
+    try:
+        return tuple(int(p) for p in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--step-mix takes step counts like 10,20,30, got {text!r}") from None
+
+
 def _pool_specs(devices: str | None, modes: str) -> list[Any]:
     """The workers ``--devices`` names (none without it), checked before anything loads."""
     if not devices:
@@ -82,6 +92,13 @@ def bench_command(
         ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of arrivals and failures.")] = 0,
+    step_mix: Annotated[
+        str | None,
+        typer.Option(
+            help="Denoising steps by turns, e.g. 10,20,30: request i renders the i-th count "
+            "(default: every request at the model's steps).",
+        ),
+    ] = None,
     executor: Annotated[str, typer.Option(help="sim (cost model) or real (a pipeline).")] = "sim",
     model: Annotated[str, typer.Option(help="Real: diffusers pipeline.")] = _SPEC.model,
     scorer: Annotated[str, typer.Option(help="Real: CLIP scorer.")] = _SPEC.scorer,
@@ -158,7 +175,7 @@ def bench_command(
         if scenario == "server" and rate is None:
             share = load if load is not None else 0.5
             rate = capacity_rate(limit, share) * (bench.workers if bench is not None else 1)
-        scen = Scenario(scenario, requests, rate, p99_bound, seed)
+        scen = Scenario(scenario, requests, rate, p99_bound, seed, _step_mix(step_mix))
         policies = make_policies(modes, batching, windows)
         if bench is not None:
             from renderq.bench.realrun import run_real
@@ -179,11 +196,14 @@ def bench_command(
         title += f", real runs of {model} on {devices or device}"
     if rate is not None:
         title += f", {rate:.3f} req/s"
+    if step_mix:
+        title += f", steps by turns {step_mix}"
     report: dict[str, Any] = {
         "scenario": scenario,
         "requests": requests,
         "rate": rate,
         "p99_bound_s": p99_bound,
+        "step_mix": list(_step_mix(step_mix)),
         "qa": qa,
         "executor": "simulated" if bench is None else "real",
         "model": None if bench is None else model,

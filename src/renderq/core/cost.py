@@ -10,6 +10,7 @@ memory and what was measured.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -117,15 +118,22 @@ class StageCost:
         if not math.isfinite(self.adapter_factor) or self.adapter_factor <= 0:
             raise ProfileError(f"adapter_factor must be > 0, got {self.adapter_factor}")
 
+    def scaled(self, factor: float) -> StageCost:
+        """This cost with every latency times ``factor`` (another step count: a render's
+        time is about linear in its steps)."""
+        if factor == 1.0:
+            return self
+        seconds = tuple(s * factor for s in self.curve.seconds)
+        return StageCost(
+            LatencyCurve(self.curve.sizes, seconds), self.memory, self.switch_s, self.adapter_factor
+        )
+
     def for_adapter(self, adapter: str) -> StageCost:
         """The cost of a key with ``adapter`` ("" for none): the curve times
         ``adapter_factor`` when one is active, this cost itself otherwise."""
         if not adapter or self.adapter_factor == 1.0:
             return self
-        scaled = LatencyCurve(
-            self.curve.sizes, tuple(s * self.adapter_factor for s in self.curve.seconds)
-        )
-        return StageCost(scaled, self.memory, self.switch_s, 1.0)
+        return dataclasses.replace(self.scaled(self.adapter_factor), adapter_factor=1.0)
 
     def cap(self) -> int:
         """The largest batch this stage can run: measured and fitting in memory."""

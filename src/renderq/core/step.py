@@ -347,17 +347,14 @@ class StepCost:
         """A step cost from what a real loop did: the median seconds of its steps at each
         running-batch size, of its prepares, and of its decodes at each size.
 
-        ``cap``: the loop's running-batch cap; a size the loop never reached up to it is
-        priced per request at the largest size it did reach (an upper bound where a step
-        costs less than in proportion to its batch, as on a GPU).
+        ``cap``: the loop's running-batch cap; a step or decode size the loop never reached
+        up to it is priced per request at the largest size it did reach (an upper bound
+        where a step costs less than in proportion to its batch, as on a GPU).
         """
         if not steps:
             raise ProfileError("a step cost needs at least one measured step")
-        points = _medians(steps)
-        top, top_s = points[-1]
-        if cap is not None and cap > top:
-            points.append((cap, top_s * cap / top))
-        decode = _medians(decodes)
+        points = _extended(_medians(steps), cap)
+        decode = _extended(_medians(decodes), cap)
         return cls(
             LatencyCurve.from_points(points),
             prepare_s=statistics.median(prepares) if prepares else 0.0,
@@ -381,3 +378,11 @@ def _medians(points: Sequence[tuple[int, float]]) -> list[tuple[int, float]]:
     for n, secs in points:
         by.setdefault(int(n), []).append(float(secs))
     return [(n, statistics.median(v)) for n, v in sorted(by.items())]
+
+
+def _extended(points: list[tuple[int, float]], cap: int | None) -> list[tuple[int, float]]:
+    """``points`` with one more at ``cap``, per request at the largest size, if beyond it."""
+    if points and cap is not None and cap > points[-1][0]:
+        top, top_s = points[-1]
+        points.append((cap, top_s * cap / top))
+    return points

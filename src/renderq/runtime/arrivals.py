@@ -29,6 +29,8 @@ class Arrival:
     prompt: str | None = None
     #: The LoRA adapter label (``"ink"``, ``"ink@0.8"``) the request renders with; "": none.
     lora: str = ""
+    #: Denoising steps the request renders with; 0: the profile's.
+    steps: int = 0
 
 
 def _positive(spec: str, text: str) -> float:

@@ -22,7 +22,7 @@ from typing import Any
 
 from renderq.backends.simulated import SimulatedExecutor, SimulatedScorer, check_speed
 from renderq.core.admission import AdmissionConfig
-from renderq.core.cost import Profile
+from renderq.core.cost import Profile, StageCost
 from renderq.core.errors import ConfigError, Stalled
 from renderq.core.events import Accepted, Cancelled, Escalated, Event, ToScore
 from renderq.core.ledger import LedgerReport
@@ -324,6 +324,14 @@ def profile_key(profile: Profile) -> BatchKey:
     )
 
 
+def render_cost(profile: Profile, key: BatchKey) -> StageCost | None:
+    """The profile's render cost for ``key``: any adapter, and another step count scaled by
+    its steps (a render's time is about linear in its steps); None for another model."""
+    if dataclasses.replace(key, adapter="", steps=profile.steps) != profile_key(profile):
+        return None
+    return profile.render.scaled(key.steps / profile.steps)
+
+
 def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
     """Run one mode over the configured arrivals; the same inputs give the same result."""
     profile = cfg.profile
@@ -332,8 +340,9 @@ def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
     sched = Scheduler(
         policy,
         qa=qa,
-        # Every adapter's key costs what the profile measured (plus its switch_s).
-        cost=lambda k: profile.render if dataclasses.replace(k, adapter="") == key else None,
+        # Every adapter's key costs what the profile measured (plus its switch_s), and a
+        # key of another step count the profile's time scaled by its steps.
+        cost=lambda k: render_cost(profile, k),
         admission=AdmissionConfig(cfg.max_queue_per_key, cfg.render_workers),
         fair_share=cfg.fair_share,
     )
@@ -341,7 +350,9 @@ def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
     loop = _Loop(
         cfg,
         sched,
-        SimulatedExecutor(profile.render, profile.device_class, rng, cfg.jitter, cfg.speed),
+        SimulatedExecutor(
+            profile.render, profile.device_class, rng, cfg.jitter, cfg.speed, profile.steps
+        ),
         SimulatedScorer(
             profile.score,
             profile.device_class,
@@ -372,7 +383,7 @@ def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
             Request(
                 id=f"r{i:07d}",
                 prompt=a.prompt or f"prompt {i}",
-                key=dataclasses.replace(key, adapter=a.lora) if a.lora else key,
+                key=dataclasses.replace(key, adapter=a.lora, steps=a.steps or key.steps),
                 base_seed=cfg.seed * 1_000_003 + i,
                 priority=a.priority,
                 arrival=a.t,
