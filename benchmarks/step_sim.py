@@ -4,14 +4,17 @@ For each load (a fraction of the whole-batch capacity, the best images per secon
 profile's batch sizes) it simulates dynamic batching at every max-queue-delay setting and
 keeps the one with the lowest p99, then step mode on the same arrivals, and prints p50,
 p99 and device-seconds per image of both. The quality gate is off in both (render latency
-only). One step count for every request: the whole-batch simulator serves one batch key.
+only). Every request renders the profile's steps, or with ``--step-mix 10,20,30`` the
+counts by turns (in dynamic mode each count is a batch key of its own; in step mode they
+share the running batch); the load is then against the capacity at their mean.
 
 Step costs come from ``--step-profile`` (a file written by ``renderq profile
 --step-level``) or, without one, from the whole-batch profile (render latency / steps).
 ``--flat`` replaces the render curve with a GPU-like one whose cost does not grow with
 batch size (every size costs what batch 1 costs), for both modes.
 
-Run: ``python benchmarks/step_sim.py [--profile mini-sd-cpu] [--flat] [--requests 2000]``.
+Run: ``python benchmarks/step_sim.py [--profile mini-sd-cpu] [--flat] [--requests 2000]
+[--step-mix 10,20,30]``.
 """
 
 from __future__ import annotations
@@ -57,8 +60,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--loads", default="0.5,0.8")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--step-mix", default="")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    mix = [int(x) for x in args.step_mix.split(",") if x]
     profile = load_profile(args.profile)
     if args.flat:
         profile = flat(profile)
@@ -69,8 +74,11 @@ def main() -> None:
     cap = min(profile.render_cap, cost.cap)
     rows = []
     for load in (float(x) for x in args.loads.split(",")):
-        rate = load * capacity(profile)
+        mean_steps = sum(mix) / len(mix) if mix else profile.steps
+        rate = load * capacity(profile) * profile.steps / mean_steps
         trace = arrivals(f"poisson:{rate}", args.requests, random.Random(args.seed))
+        if mix:
+            trace = [dataclasses.replace(a, steps=mix[i % len(mix)]) for i, a in enumerate(trace)]
         best = None
         for delay in DELAYS:
             cfg = SimConfig(
@@ -86,9 +94,10 @@ def main() -> None:
             if best is None or p99 < best[1]:
                 best = (delay, p99, res.percentile(50) or 0.0, per_image)
         key = profile_key(profile)
+        keys = [dataclasses.replace(key, steps=a.steps or key.steps) for a in trace]
         reqs = [
-            Request(f"r{i:07d}", f"prompt {i}", key, base_seed=i, arrival=a.t)
-            for i, a in enumerate(trace)
+            Request(f"r{i:07d}", f"prompt {i}", k, base_seed=i, arrival=a.t)
+            for i, (a, k) in enumerate(zip(trace, keys, strict=True))
         ]
         step = simulate_step(cost, reqs, cap=cap)
         assert best is not None
@@ -112,9 +121,10 @@ def main() -> None:
         )
     if args.json:
         print(json.dumps({"profile": profile.name, "flat": args.flat, "cost": cost.source,
-                          "rows": rows}, indent=2))  # fmt: skip
+                          "step_mix": mix, "rows": rows}, indent=2))  # fmt: skip
         return
-    print(f"profile {profile.name}{' (flat)' if args.flat else ''}; step cost: {cost.source}")
+    print(f"profile {profile.name}{' (flat)' if args.flat else ''}; step cost: {cost.source}"
+          f"{f'; steps by turns {mix}' if mix else ''}")  # fmt: skip
     print("load  rate/s   dyn delay  dyn p50  dyn p99  dyn s/img | step p50 step p99 step s/img"
           "  p99 change  s/img change")  # fmt: skip
     for r in rows:

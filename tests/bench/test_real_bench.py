@@ -100,6 +100,9 @@ def test_step_mode_is_judged_and_replayed_by_its_loop_steps(
     assert all(secs > 0 for _, secs in cost["step_points"]) and cost["prepare_s"] > 0
     assert row["calibration"]["render_overhead_s"] == 0.0
     assert row["calibration"]["speed_steps"] == 0
+    # The scorer took turns with the loop: its wait for a step boundary is simulated, not
+    # added again as a hand-off.
+    assert row["calibration"]["score_overhead_s"] == 0.0
     # Priced by its own steps, the simulated loop books the real loop's device time closely.
     assert abs(row["device_seconds"]["rel_error"]) < 0.35, row["device_seconds"]
 

@@ -145,3 +145,12 @@ def test_real_only_options_are_refused_by_value() -> None:
     res = runner.invoke(app, ["bench", "--executor", "real", "--devices", "cpu:1,cpu:1",
                               "--modes", "dynamic,step"])  # fmt: skip
     assert res.exit_code != 0 and "step mode runs one step loop" in res.output
+
+
+def test_drift_compares_batches_of_the_same_work_only() -> None:
+    # A step mix: 10-step batches take a third of 30-step ones of the same size. By size
+    # alone that reads as the machine changing speed; by size and steps it is steady.
+    batches = [(4, 1.0), (4, 3.0)] * 6
+    steps = [10, 30] * 6
+    assert (drift(batches) or 0.0) > 1.25
+    assert drift([((n, st), s) for (n, s), st in zip(batches, steps, strict=True)]) == 1.0

@@ -49,6 +49,8 @@ class Recording:
     finished: dict[str, float] = field(default_factory=dict)
     batches: list[tuple[int, float]] = field(default_factory=list)
     """``(size, device-seconds)`` of each render batch, scaled to the bench key's steps."""
+    batch_steps: list[int] = field(default_factory=list)
+    """Each render batch's step count (``batches``' order)."""
     scores: list[tuple[int, float]] = field(default_factory=list)
     outcomes: dict[tuple[str, int], bool] = field(default_factory=dict)
     sizes: dict[int, int] = field(default_factory=dict)
@@ -103,6 +105,7 @@ class _Recorder:
             # At the bench key's step count, so that a step mix's batches compare by size.
             scale = self.steps / step.batch.key.steps
             self.rec.batches.append((step.batch.size, step.render.device_seconds * scale))
+            self.rec.batch_steps.append(step.batch.key.steps)
             self.rec.render_held.append(step.held_s)
             self.rec.render_started.append(now - step.held_s)
         if step.score is not None and step.scored:

@@ -172,7 +172,12 @@ def _one_mode(
     # Step mode's render batches are single requests whose device-seconds are shares of
     # steps they rode with others: its device's own batches are the loop's steps.
     trace = rec.step_trace
-    own = rec.batches if trace is None else trace.steps
+    # The same work is a batch of the same size and step count (a step mix runs several).
+    own: list[tuple[Any, float]] = [
+        ((n, steps), secs) for (n, secs), steps in zip(rec.batches, rec.batch_steps, strict=True)
+    ]
+    if trace is not None:
+        own = list(trace.steps)
     stability = Stability.check(
         name,
         timed,
@@ -197,7 +202,10 @@ def _one_mode(
         step_cost = StepCost.from_trace(
             trace.steps, trace.prepares, trace.decodes, cap=policy.max_batch_size
         )
-        calibration = Calibration(score_overhead_s=calibration.score_overhead_s)
+        # A scorer that takes turns with the loop waits for its next step boundary, which
+        # the simulated loop models itself: that wait is no hand-off either.
+        score_s = 0.0 if rec.shared_device else calibration.score_overhead_s
+        calibration = Calibration(score_overhead_s=score_s)
     sims = [
         replay(
             policy,

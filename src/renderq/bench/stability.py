@@ -22,7 +22,7 @@ runs N rounds, each starting at the next mode, and reports each figure's median 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,13 +42,16 @@ def spread(seconds: Sequence[float]) -> float | None:
     return max(vals) / min(vals) if len(vals) >= 2 else None
 
 
-def drift(batches: Sequence[tuple[int, float]], window: int = DRIFT_WINDOW) -> float | None:
+def drift(batches: Sequence[tuple[Hashable, float]], window: int = DRIFT_WINDOW) -> float | None:
     """How far a mode's speed moved over its run: the range (max over min) of each batch's
     seconds over its size's median, smoothed by a running median over ``window`` batches
-    in run order. None when fewer than two batches share a size (nothing to compare)."""
+    in run order. None when fewer than two batches share a size (nothing to compare).
+
+    A batch's "size" is whatever makes two batches the same work: its size, or its size
+    and step count where a step mix runs batches of different steps."""
     if window < 1:
         raise ConfigError(f"the drift window must be >= 1 batch, got {window}")
-    by: dict[int, list[float]] = {}
+    by: dict[Hashable, list[float]] = {}
     for n, secs in batches:
         by.setdefault(n, []).append(secs)
     if not any(len(v) >= 2 for v in by.values()):
@@ -79,7 +82,7 @@ class Stability:
         cls,
         mode: str,
         reference_s: Sequence[float],
-        batches: Sequence[tuple[int, float]],
+        batches: Sequence[tuple[Hashable, float]],
         efficiencies: Sequence[tuple[str, float | None]] = (),
         bound: float = STABILITY_BOUND,
     ) -> Stability:
