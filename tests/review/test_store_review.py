@@ -158,7 +158,9 @@ def test_an_edited_prompt_gets_the_bucket_of_its_own_text(tmp_path: Path) -> Non
     store.decide("p0", "edit", "ana", resubmit=PromptRow("p0-r1", 3, longer, 0, spec, "p0", 1))
     # A T5 pipeline's executor: the edited text needs the 256-token bucket and CLIP cuts it.
     lengths = {longer: PromptLength(256, ("clip: 80 tokens > 77",))}
-    executor = SimpleNamespace(prompt_length=lambda p: lengths.get(p, PromptLength(128)))
+    executor = SimpleNamespace(
+        prompt_length=lambda p, buckets=True: lengths.get(p, PromptLength(128))
+    )
     try:
         respec_edits(store, executor)  # type: ignore[arg-type]
         [row] = store.requests("pending")

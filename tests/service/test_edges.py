@@ -159,13 +159,13 @@ def test_the_config_file_fills_the_shared_settings_and_names_a_bad_value(tmp_pat
                                    max_queue_delay_s=0.2)  # fmt: skip
     assert got.qa == QASettings(0.3, max_attempts=2)
     assert got.render_cap == 4
-    cfg.write_text('model = "null"\nmode = "window"\n')  # the service batches dynamically
-    with pytest.raises(ConfigError, match=r"unknown config setting.*'mode'"):
+    cfg.write_text('model = "null"\nmode = "window"\n')  # dynamic or step: callers wait
+    with pytest.raises(ConfigError, match=r"mode must be 'dynamic' or 'step'.*'window'"):
         load_config(cfg, env={})
     cfg.write_text('model = "null"\nmax_attempts = 0\n')
     with pytest.raises(ConfigError, match="max-attempts must be >= 1, got 0"):
         load_config(cfg, env={})
-    with pytest.raises(ConfigError, match="batches dynamically"):
+    with pytest.raises(ConfigError, match=r"mode must be 'dynamic' or 'step'"):
         ServiceConfig(batching=replace(INTERACTIVE, mode="window"))
 
 
