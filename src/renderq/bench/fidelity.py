@@ -35,16 +35,13 @@ from renderq.core.cost import Profile
 from renderq.core.errors import ConfigError
 from renderq.core.policies import Policy
 from renderq.core.settings import QASettings
-from renderq.core.stats import percentile_ci
+from renderq.core.stats import medians_by_size, percentile_ci
 from renderq.core.step import StepCost
 from renderq.runtime.sim import SimConfig, SimResult, simulate
 
 
 def _points(pairs: Sequence[tuple[int, float]]) -> list[list[float]]:
-    by: dict[int, list[float]] = {}
-    for n, secs in pairs:
-        by.setdefault(n, []).append(secs)
-    return [[n, max(statistics.median(v), 1e-9)] for n, v in sorted(by.items())]
+    return [[n, max(secs, 1e-9)] for n, secs in medians_by_size(pairs)]
 
 
 def _median_gap(batches: Sequence[tuple[int, float]], held: Sequence[float]) -> float:

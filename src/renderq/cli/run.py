@@ -104,6 +104,7 @@ def run(
     from renderq.backends.pool import parse_devices
     from renderq.core.ledger import parse_prices
     from renderq.jobs.runner import RunSettings, run_job
+    from renderq.jobs.workers import device_specs
 
     try:
         settings = RunSettings(
@@ -126,13 +127,8 @@ def run(
             scale100=clipscore_scale,
             prompt_buckets=prompt_buckets,
         )
-        gpus = None
-        if backend == "ray":
-            from renderq.backends.ray_backend import cluster_gpus, connect
-
-            connect(address)  # --devices cuda counts the cluster's GPUs
-            gpus = cluster_gpus
-        pool = parse_devices(devices or device, cuda_count=gpus) if devices or gpus else []
+        ray = backend == "ray"  # on Ray, --device alone is one actor's device
+        pool = device_specs(devices or device, backend, address) if devices or ray else []
         scoring = parse_devices(scorer_devices) if scorer_devices else [None]
         if len(scoring) != 1:
             raise ConfigError(f"--scorer-devices takes one device, got {scorer_devices!r}")

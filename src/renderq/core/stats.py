@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable
 
 from renderq.core.errors import ConfigError
@@ -69,3 +70,11 @@ def percentile_ci(
         None if lo is None else ordered[lo - 1],
         None if hi is None else ordered[hi - 1],
     )
+
+
+def medians_by_size(points: Iterable[tuple[int, float]]) -> list[tuple[int, float]]:
+    """``(size, median seconds)`` for each size among ``(size, seconds)`` points, by size."""
+    by: dict[int, list[float]] = {}
+    for n, secs in points:
+        by.setdefault(int(n), []).append(float(secs))
+    return [(n, statistics.median(v)) for n, v in sorted(by.items())]

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 from renderq.core.cost import LatencyCurve, Profile
 from renderq.core.errors import ConfigError, ProfileError, UnknownRequest
+from renderq.core.stats import medians_by_size
 from renderq.core.types import BatchKey, Request
 
 
@@ -353,8 +354,8 @@ class StepCost:
         """
         if not steps:
             raise ProfileError("a step cost needs at least one measured step")
-        points = _extended(_medians(steps), cap)
-        decode = _extended(_medians(decodes), cap)
+        points = _extended(medians_by_size(steps), cap)
+        decode = _extended(medians_by_size(decodes), cap)
         return cls(
             LatencyCurve.from_points(points),
             prepare_s=statistics.median(prepares) if prepares else 0.0,
@@ -370,14 +371,6 @@ class StepCost:
     def decode_s(self, n: int) -> float:
         """Seconds to decode ``n`` finished requests in one batch."""
         return 0.0 if self.decode is None or n == 0 else self.decode.latency(n)
-
-
-def _medians(points: Sequence[tuple[int, float]]) -> list[tuple[int, float]]:
-    """``(size, median seconds)`` for each size among ``points``, by size."""
-    by: dict[int, list[float]] = {}
-    for n, secs in points:
-        by.setdefault(int(n), []).append(float(secs))
-    return [(n, statistics.median(v)) for n, v in sorted(by.items())]
 
 
 def _extended(points: list[tuple[int, float]], cap: int | None) -> list[tuple[int, float]]:

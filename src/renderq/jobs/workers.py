@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from renderq.backends.clip import ClipScorer
-from renderq.backends.pool import AUTO, DevicePool, LoadSpec, WorkerSpec
+from renderq.backends.pool import AUTO, DevicePool, LoadSpec, WorkerSpec, parse_devices
 from renderq.backends.ray_backend import RayPool, ScorerLoad
 from renderq.backends.registry import resolve
 from renderq.core.errors import ConfigError
@@ -47,6 +47,18 @@ def load_scorer(model: str, device: str, scale100: bool, where: WorkerSpec | Non
 def scorer_load(model: str, scale100: bool) -> ScorerLoad:
     """What a scorer actor loads."""
     return ScorerLoad(resolve(model), model, scale100)
+
+
+def device_specs(text: str, backend: str, address: str | None) -> list[WorkerSpec]:
+    """The workers ``--devices`` names; on Ray the cluster is joined first, so that
+    ``cuda`` counts its GPUs rather than this machine's."""
+    gpus = None
+    if backend == "ray":
+        from renderq.backends.ray_backend import cluster_gpus, connect
+
+        connect(address)
+        gpus = cluster_gpus
+    return parse_devices(text, cuda_count=gpus)
 
 
 def check_prices(prices: Mapping[str, float] | None, classes: set[str]) -> None:

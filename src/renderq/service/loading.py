@@ -150,18 +150,11 @@ class Workers:
             return cls._step(executor, config.render_cap, config.spec.model)
         if not config.devices:
             return cls(executor.device_class, [executor])
-        from renderq.backends.pool import parse_devices
-        from renderq.jobs.workers import start_pool
+        from renderq.jobs.workers import device_specs, start_pool
 
         if config.spec.model == NULL_MODEL:
             raise ConfigError("devices: the null model renders in the service's own process")
-        gpus = None
-        if config.backend == "ray":
-            from renderq.backends.ray_backend import cluster_gpus, connect
-
-            connect(config.address)  # devices = "cuda" counts the cluster's GPUs
-            gpus = cluster_gpus
-        specs = parse_devices(config.devices, cuda_count=gpus)
+        specs = device_specs(config.devices, config.backend, config.address)
         pool = start_pool(config.spec, specs, backend=config.backend, address=config.address)
         [(device_class, executors)] = pool.executors().items()
         return cls(device_class, executors, pool)
