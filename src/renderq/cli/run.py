@@ -80,6 +80,12 @@ def run(
         False, "--channels-last", metavar="", help="Channels-last denoiser and VAE (GPU)."
     ),
     seed: int = typer.Option(0, help="Base seed; prompt i gets seed + i unless its line sets one."),
+    images: str = typer.Option(
+        "",
+        help="Where the workers write the images (a folder or fsspec URL: s3://, gs://, "
+        "file://); each worker scores its own renders beside them and only scores and "
+        "metadata reach this process (default: this process writes into --out).",
+    ),
     prompt_buckets: bool = typer.Option(
         True,
         "--prompt-buckets/--no-prompt-buckets",
@@ -126,6 +132,7 @@ def run(
             seed=seed,
             scale100=clipscore_scale,
             prompt_buckets=prompt_buckets,
+            images=images or None,
         )
         ray = backend == "ray"  # on Ray, --device alone is one actor's device
         pool = device_specs(devices or device, backend, address) if devices or ray else []

@@ -190,7 +190,7 @@ def decide(
     # The store first: a folder that is not a run folder is refused before a lock file
     # is left in it.
     with open_store(out) as store, FolderLock(out):
-        writer = DatasetWriter(out)
+        writer = DatasetWriter(out, (store.job_config() or {}).get("images"))
         if action == "accept":
             decision = _accept(store, writer, request_id, reviewer, attempt)
         elif action == "edit":
@@ -211,18 +211,20 @@ def _accept(
     # Checked before the image is copied: ``images/<id>.png`` of an accepted prompt must
     # never be overwritten. The store checks again inside its transaction.
     store.check_reviewable(rid)
-    kept = writer.out / attempt_file_name(rid, attempt)
-    if not kept.is_file():
+    kept = attempt_file_name(rid, attempt)
+    if not writer.store.exists(kept):
         raise ConfigError(f"no image was kept for attempt {attempt} of {rid!r}")
+    import io
+
     from PIL import Image
 
     # The image joins the dataset before the store says so, as for the gate's accepts.
-    with Image.open(kept) as im:
+    with Image.open(io.BytesIO(writer.read_image(kept))) as im:
         name = writer.write_image(rid, im.copy())
     try:
         return store.decide(rid, "accept", reviewer, attempt=attempt, file_name=name)
     except BaseException:
-        (writer.out / name).unlink(missing_ok=True)  # the prompt was escalated: no image of its own
+        writer.store.delete(name)  # the prompt was escalated: no image of its own
         raise
 
 

@@ -35,6 +35,7 @@ from renderq.backends.registry import (
     vocabulary_notice,
 )
 from renderq.backends.step_loop import StepLoop, step_workers
+from renderq.backends.writing import WorkerScores, WritingExecutor
 from renderq.core.errors import ConfigError, StorageError
 from renderq.core.events import Accepted, Escalated, Regenerating
 from renderq.core.ledger import Ledger, LedgerRow
@@ -47,6 +48,7 @@ from renderq.jobs.summary import Progress, RunSummary, summarise
 from renderq.jobs.views import metadata_row, refresh_views, review_row
 from renderq.jobs.workers import check_backend, check_prices, load_scorer, scorer_load, start_pool
 from renderq.output.dataset import METADATA, REVIEW, DatasetWriter
+from renderq.output.images import ImageStore
 from renderq.runtime.realtime import RealtimeEngine, Step
 from renderq.store.lock import FolderLock
 from renderq.store.sqlite import (
@@ -81,6 +83,9 @@ class RunSettings:
     #: T5 pipelines (SD3, Flux): each prompt at its length bucket's sequence length; False
     #: renders every prompt at the pipeline's full padding (``--no-prompt-buckets``).
     prompt_buckets: bool = True
+    #: Where the images tree goes (a folder or fsspec URL) when the render workers write
+    #: and score their own images (``--images``); None: this process writes into ``out``.
+    images: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.seed <= MAX_SEED:
@@ -114,6 +119,7 @@ class RunSettings:
                 {"adapters": {n: fingerprint(p) for n, p in spec.adapters}} if spec.adapters else {}
             ),
             **({} if self.prompt_buckets else {"prompt_buckets": False}),
+            **({} if self.images is None else {"images": self.images}),
         }
 
 
@@ -400,6 +406,14 @@ def run_job(
             "--mode step runs one step loop on the run's --device; --devices is not "
             "supported with it"
         )
+    writes = None if settings.images is None else ImageStore.at(settings.images)
+    if writes is not None and settings.batching.mode == "step":
+        raise ConfigError(f"--images {settings.images!r} is not supported with --mode step")
+    if writes is not None and scorer_device is not None:
+        raise ConfigError(
+            f"--images scores each image where it is rendered: drop --scorer-devices "
+            f"{scorer_device.device}"
+        )
     specs = read_prompts(settings.prompts)
     settings = settings.resolved()
     spec = settings.spec
@@ -428,7 +442,10 @@ def run_job(
                     warn(notice)
             # With Ray, a scorer on a device of its own is an actor, started with the pool.
             remote = None
-            if scorer is None and scorer_device is not None and backend == "ray":
+            if writes is not None and devices:
+                # Each worker loads the scorer beside its pipeline; the driver reads scores.
+                scorer = WorkerScores(devices[0].device_class)
+            elif scorer is None and scorer_device is not None and backend == "ray":
                 if not devices:
                     raise ConfigError("--backend ray needs --devices for its render actors")
                 remote = (scorer_device, scorer_load(spec.scorer, settings.scale100))
@@ -452,9 +469,17 @@ def run_job(
                     )
             if not devices:
                 assert scorer is not None  # loaded above unless remote, which needs devices
+                if writes is not None:  # this process is the one worker that writes
+                    here = WritingExecutor(executor, scorer, writes)
+                    return _drive(
+                        settings, store, executor, WorkerScores(executor.device_class),
+                        on_progress, prices, {executor.device_class: [here]},
+                    )  # fmt: skip
                 return _drive(settings, store, executor, scorer, on_progress, prices)
+            scoring = scorer_load(spec.scorer, settings.scale100)
+            write_to = None if writes is None else (writes, scoring)
             with start_pool(
-                spec, devices, backend=backend, address=address, scoring=remote
+                spec, devices, backend=backend, address=address, scoring=remote, write_to=write_to
             ) as pool:
                 scorer = scorer or getattr(pool, "scorer", None)
                 assert scorer is not None  # the pool started the scorer actor
@@ -486,7 +511,7 @@ def _drive(
     called with the engine before it runs (a Ray pool's node watcher adds workers to it)."""
     started = time.monotonic()
     with storage_errors(settings.out):
-        writer = DatasetWriter(settings.out)
+        writer = DatasetWriter(settings.out, settings.images)
         run, todo = _begin_run(settings, store, writer)
         respec_edits(store, executor, settings.prompt_buckets)
     ledger = restore_ledger(store)

@@ -15,11 +15,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from renderq.backends.clip import ClipScorer
-from renderq.backends.pool import AUTO, DevicePool, LoadSpec, WorkerSpec, parse_devices
+from renderq.backends.pool import AUTO, DevicePool, Loader, LoadSpec, WorkerSpec, parse_devices
 from renderq.backends.ray_backend import RayPool, ScorerLoad
 from renderq.backends.registry import resolve
+from renderq.backends.writing import WriteLoad
 from renderq.core.errors import ConfigError
 from renderq.core.settings import ModelSpec
+from renderq.output.images import ImageStore
 
 BACKENDS = ("local", "ray")
 """Where a pool's workers run: processes on this machine, or Ray actors."""
@@ -83,9 +85,12 @@ def start_pool(
     backend: str = "local",
     address: str | None = None,
     scoring: tuple[WorkerSpec, ScorerLoad] | None = None,
+    write_to: tuple[ImageStore, ScorerLoad] | None = None,
 ) -> DevicePool | RayPool:
     """Start the render workers of ``devices`` (one device class) and, on Ray, the scorer
-    actor of ``scoring``; returns once every one has loaded."""
+    actor of ``scoring``; returns once every one has loaded. ``write_to``: each worker
+    also loads that scorer, scores its renders and writes them to that store itself
+    (:mod:`renderq.backends.writing`)."""
     classes = sorted({d.device_class for d in devices})
     if len(classes) > 1:
         raise ConfigError(
@@ -93,10 +98,11 @@ def start_pool(
         )
     if any(d.device == AUTO for d in devices) and backend != "ray":
         raise ConfigError("--devices auto reads a Ray cluster's devices: add --backend ray")
-    load = LoadSpec(
+    render = LoadSpec(
         resolve(spec.model), spec.model, spec.precision, spec.adapters, spec.compile,
         spec.channels_last,
     )  # fmt: skip
+    load: Loader = render if write_to is None else WriteLoad(render, write_to[1], write_to[0])
     if backend == "ray":
         return RayPool.start(devices, load, address=address, scorer=scoring)
     return DevicePool.start(devices, load)
