@@ -432,3 +432,21 @@ def test_a_worker_of_a_departed_node_is_retired_and_a_joining_node_takes_the_run
     assert 1 <= len(lost) <= MAX_LOSSES + 1
     accepted = sorted(ev.request.id for ev in rec.events(Accepted))
     assert accepted == sorted(f"r{i}" for i in range(48))  # each once
+
+
+@pytest.mark.slow
+@embedded
+def test_actors_that_write_their_own_images_accept_what_one_worker_accepts(
+    local_ray: None, reference: tuple[Path, dict[str, Any], Path]
+) -> None:
+    tmp, ref, ref_out = reference
+    tree = tmp / "tree"
+    summary, out = _run(
+        tmp, "writes", "--backend", "ray", "--devices", "cpu:1,cpu:1", "--images", tree.as_uri(),
+        steps=STEPS,
+    )  # fmt: skip
+    assert summary["accepted"] == ref["accepted"] and summary["escalated"] == ref["escalated"]
+    assert not (out / "images").exists()  # the actors wrote the images; the driver moved them
+    _same_images(_accepted(tree), _accepted(ref_out))
+    seconds = json.loads((out / "ledger.json").read_text())["device_seconds"]
+    assert seconds["score"] > 0 and not seconds.get("lost")
