@@ -65,10 +65,8 @@ def test_an_unknown_filesystem_is_named() -> None:
 
 
 def _batch(*attempts: tuple[str, int]) -> Batch:
-    reqs = tuple(
-        Request(rid, f"prompt {rid}", key_for("m", 64, 64, 4, 4.0, "ddim", "fp32", "cpu"), attempt=k)
-        for rid, k in attempts
-    )
+    key = key_for("m", 64, 64, 4, 4.0, "ddim", "fp32", "cpu")
+    reqs = tuple(Request(rid, f"prompt {rid}", key, attempt=k) for rid, k in attempts)
     return Batch(1, reqs[0].key, reqs, 0.0, 8)
 
 
@@ -130,7 +128,8 @@ def test_a_worker_whose_scorer_fails_still_writes_and_says_why(store: ImageStore
 def test_a_failed_write_fails_that_attempt_not_the_worker(tmp_path: Path) -> None:
     blocked = tmp_path / "tree"
     blocked.write_text("a file where the folder should be")
-    [item] = WritingExecutor(_Pixels(), _Scores(), ImageStore.at(blocked)).run(_batch(("a", 0))).items
+    writing = WritingExecutor(_Pixels(), _Scores(), ImageStore.at(blocked))
+    [item] = writing.run(_batch(("a", 0))).items
     assert not item.ok and str(blocked / "review" / "a-0.png") in str(item.error)
 
 
