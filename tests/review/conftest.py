@@ -27,7 +27,7 @@ REVIEW_PROMPTS = [
 MAX_ATTEMPTS = 2
 
 
-def run_escalating(folder: Path, model: Path, clip: Path) -> dict[str, Any]:
+def run_escalating(folder: Path, model: Path, clip: Path, *extra: str) -> dict[str, Any]:
     """``renderq run`` on ``folder/prompts.txt`` into ``folder/out`` (a resume if it exists)
     under settings every prompt escalates with: no cosine reaches 1.0. Returns its summary."""
     prompts = folder / "prompts.txt"
@@ -36,7 +36,7 @@ def run_escalating(folder: Path, model: Path, clip: Path) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "renderq", "run", str(prompts), "--out", str(folder / "out"),
            "--model", str(model), "--scorer", str(clip), "--steps", "2", "--threshold", "1.0",
            "--max-attempts", str(MAX_ATTEMPTS), "--max-batch-size", "4", "--threads", "1",
-           "--json"]  # fmt: skip
+           "--json", *extra]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return dict(json.loads(done.stdout))

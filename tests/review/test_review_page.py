@@ -14,6 +14,8 @@ from renderq.jobs import review
 from renderq.service.review import review_app
 from renderq.store.lock import FolderLock
 
+from .conftest import REVIEW_PROMPTS, run_escalating
+
 pytestmark = pytest.mark.slow
 
 
@@ -104,3 +106,24 @@ def test_the_folders_gallery_shows_each_prompts_attempts_and_filters(escalated: 
         assert c.get("/v1/gallery?job=other").status_code == 404
         assert c.get("/v1/gallery/files/other/review/p000000-0.png").status_code == 404
         assert c.get("/api").status_code == 200  # the review page is still there
+
+
+def test_a_run_whose_images_live_elsewhere_is_reviewed_from_there(
+    tmp_path: Path, tiny_model: Path, tiny_clip: Path
+) -> None:
+    tree = tmp_path / "tree"
+    summary = run_escalating(tmp_path, tiny_model, tiny_clip, "--images", tree.as_uri())
+    assert summary["escalated"] == len(REVIEW_PROMPTS)
+    out = tmp_path / "out"
+    assert not (out / "review").exists() and (tree / "review" / "p000000-1.png").is_file()
+    with TestClient(review_app(out, "ana")) as c:
+        kept = c.get("/files/review/p000000-1.png")
+        on_disk = (tree / "review/p000000-1.png").read_bytes()
+        assert kept.status_code == 200 and kept.content == on_disk
+        for name in ("review/..%2Frenderq.sqlite", "review/nope-0.png", "metadata.jsonl"):
+            assert c.get("/files/" + name).status_code == 404, name
+        assert c.post("/api/p000000", json={"action": "accept", "attempt": 1}).status_code == 200
+        accepted = c.get("/files/images/p000000.png")
+    # The reviewer's accept copied the kept attempt into the tree's images, not into out/.
+    assert accepted.content == (tree / "images/p000000.png").read_bytes() == kept.content
+    assert not (out / "images" / "p000000.png").exists()

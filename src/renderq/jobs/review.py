@@ -110,6 +110,15 @@ class GateView:
         }
 
 
+def images_of(out: Path) -> str | None:
+    """Where the images of run folder ``out`` live when not in it (``run --images``)."""
+    if not (out / STORE_NAME).is_file():
+        return None
+    with open_store(out) as store:
+        images = (store.job_config() or {}).get("images")
+    return None if images is None else str(images)
+
+
 @contextmanager
 def open_store(out: Path) -> Iterator[JobStore]:
     """The folder's job store, closed after use; a folder without one is an error."""

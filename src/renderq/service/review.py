@@ -17,6 +17,7 @@ prompt is queued at once, at review priority.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
@@ -30,6 +31,7 @@ from renderq.core.errors import ConfigError
 from renderq.core.types import Request as RenderRequest
 from renderq.jobs import review
 from renderq.output.dataset import IMAGES, REVIEW_IMAGES
+from renderq.output.images import ImageStore
 from renderq.store.lock import JobLocked
 from renderq.store.sqlite import Decision, PromptState, StoreError
 
@@ -51,6 +53,10 @@ class DecisionBody(BaseModel):
     action: Literal["accept", "reject", "edit"]
     attempt: int | None = Field(default=None, ge=0)
     prompt: str | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
+
+
+#: A file name inside one of the two image folders: no separator, no "..", a PNG.
+_SAFE_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.png")
 
 
 def review_router(out: Path, reviewer: str) -> APIRouter:
@@ -155,7 +161,12 @@ def _guarded(work: Callable[[], dict[str, Any]]) -> JSONResponse:
 
 
 def image_response(folder: Path, name: str) -> Response:
-    """The PNG ``name`` of ``folder`` if it is a kept attempt or an accepted image; else 404."""
+    """The PNG ``name`` of ``folder`` if it is a kept attempt or an accepted image; else 404.
+
+    A folder whose images live elsewhere (``run --images``) answers from there."""
+    elsewhere = review.images_of(folder)
+    if elsewhere is not None:
+        return _stored_image(elsewhere, name)
     out = folder.resolve()
     path = (out / name).resolve()
     allowed = (out / REVIEW_IMAGES, out / IMAGES)
@@ -163,6 +174,17 @@ def image_response(folder: Path, name: str) -> Response:
     if path.suffix != ".png" or path.parent not in allowed or not path.is_file():
         return _not_found(name)
     return FileResponse(path, media_type="image/png")
+
+
+def _stored_image(images: str, name: str) -> Response:
+    """The PNG ``name`` of an images tree elsewhere: ``images/X.png`` or ``review/X.png``."""
+    folder, _, file = name.partition("/")
+    if folder not in (IMAGES, REVIEW_IMAGES) or not _SAFE_FILE.fullmatch(file):
+        return _not_found(name)
+    store = ImageStore.at(images)
+    if not store.exists(name):
+        return _not_found(name)
+    return Response(store.read(name), media_type="image/png")
 
 
 def service_review_router(service: RenderService, tenant: Callable[..., Any]) -> APIRouter:
