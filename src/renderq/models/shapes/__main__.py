@@ -86,7 +86,10 @@ def _train_gate(args: argparse.Namespace, checkpoints: Path) -> None:
         vae = AutoencoderKL.from_pretrained(export / "vae")
         unet = UNet2DConditionModel.from_pretrained(export / "unet")
         save_pipeline(assemble_pipeline(export / "clip", vae, unet), pipeline, export / "clip")
-    renders = render_training_set(pipeline, args.renders, checkpoints / "clip-gate" / "renders.pt")
+    renders = render_training_set(
+        pipeline, args.renders, checkpoints / "clip-gate" / "renders.pt",
+        two_shape_share=args.render_two_shape_share,
+    )  # fmt: skip
     train_clip_gate(
         checkpoints,
         checkpoints / "export" / "clip-gate",
@@ -157,6 +160,12 @@ def main(argv: list[str] | None = None) -> None:
         type=float,
         default=None,
         help="share of world images with two shapes (unet's latent set, clip-gate; default 0.3)",
+    )
+    train.add_argument(
+        "--render-two-shape-share",
+        type=float,
+        default=0.3,
+        help="share of the rendered training prompts that name two shapes (clip-gate)",
     )
     train.add_argument(
         "--matched-caption",

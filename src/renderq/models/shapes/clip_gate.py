@@ -192,8 +192,13 @@ def label_renders(images: Any, prompts: list[str]) -> dict[str, Any]:
     return {"images": images, "prompts": prompts, "captions": captions, "matched": matched}
 
 
-def render_training_set(pipeline_dir: Path, n: int, cache: Path, batch: int = 16) -> dict[str, Any]:
+def render_training_set(
+    pipeline_dir: Path, n: int, cache: Path, batch: int = 16, two_shape_share: float = 0.3
+) -> dict[str, Any]:
     """Render the first ``n`` training prompts with mini-SD; images, prompts, oracle captions.
+
+    ``two_shape_share`` of the prompts name two shapes; a cache drawn with another share
+    is refused rather than extended.
 
     Renders whose reading holds no shape are dropped (they have no caption to be positive
     for). The images are cached at ``cache``: a later call with the same ``n`` renders
@@ -208,13 +213,19 @@ def render_training_set(pipeline_dir: Path, n: int, cache: Path, batch: int = 16
     from renderq.models.shapes.build import DEFAULT_GUIDANCE, DEFAULT_STEPS
 
     data = common.load_checkpoint(cache) or {"images": [], "prompts": [], "rendered": 0}
+    cached_share = float(data.get("two_shape_share", 0.3))
+    if data["prompts"] and cached_share != two_shape_share:
+        raise ValueError(
+            f"{cache} holds renders of prompts with two-shape share {cached_share}, not "
+            f"{two_shape_share}: use another --checkpoints folder"
+        )
     done = int(data.get("rendered", len(data["prompts"])))
     images, kept = list(data["images"]), list(data["prompts"])
     if done < n:
         pipe = StableDiffusionPipeline.from_pretrained(pipeline_dir)
         pipe.set_progress_bar_config(disable=True)
         rng = random.Random(RENDER_PROMPT_SEED)
-        prompts = [world.random_caption(rng, short_forms=True) for _ in range(n)]
+        prompts = [world.random_caption(rng, two_shape_share, short_forms=True) for _ in range(n)]
         for i in range(done, n, batch):
             chunk = prompts[i : i + batch]
             seeds = range(RENDER_SEED_BASE + i, RENDER_SEED_BASE + i + len(chunk))
@@ -233,9 +244,11 @@ def render_training_set(pipeline_dir: Path, n: int, cache: Path, batch: int = 16
                     kept.append(prompt)
             print(f"[clip-gate] rendered {min(n, i + batch)}/{n}", flush=True)
             if (i // batch) % 16 == 15:  # a partial cache: an interrupted run resumes here
-                partial = {"images": list(images), "prompts": list(kept), "rendered": i + batch}
+                partial = {"images": list(images), "prompts": list(kept), "rendered": i + batch,
+                           "two_shape_share": two_shape_share}  # fmt: skip
                 common.save_checkpoint(cache, partial)
-        data = {"images": np.stack(images), "prompts": kept, "rendered": n}
+        data = {"images": np.stack(images), "prompts": kept, "rendered": n,
+                "two_shape_share": two_shape_share}  # fmt: skip
         common.save_checkpoint(cache, data)
     labelled = label_renders(np.asarray(data["images"]), list(data["prompts"]))
     share = float(np.mean(labelled["matched"]))
