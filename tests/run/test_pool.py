@@ -365,6 +365,8 @@ def test_render_and_score_on_their_own_classes_book_and_price_apart(
         (["--price", "cpu=0.05"], "no price for device class 'score-cpu'"),
         (["--scorer-devices", "cpu,cpu"], "--scorer-devices takes one device, got 'cpu,cpu'"),
         (["--price", "cpu=free"], "--price entry 'cpu=free' is not CLASS=PRICE"),
+        (["--actor-depth", "2"], "--actor-depth 2 queues batches on Ray actors: add --backend"),
+        (["--actor-depth", "9", "--backend", "ray"], "--actor-depth must be from 1 to 8, got 9"),
     ],
 )
 def test_bad_stage_classes_and_prices_are_named(

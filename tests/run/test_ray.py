@@ -450,3 +450,43 @@ def test_actors_that_write_their_own_images_accept_what_one_worker_accepts(
     _same_images(_accepted(tree), _accepted(ref_out))
     seconds = json.loads((out / "ledger.json").read_text())["device_seconds"]
     assert seconds["score"] > 0 and not seconds.get("lost")
+
+
+SLEEP_KEY = BatchKey("null", 8, 8, 1, True, "null", "fp32", "sleep")
+
+
+def test_actors_handed_two_batches_at_once_lose_neither_when_one_dies(local_ray: None) -> None:
+    specs = [WorkerSpec("cpu", "sleep", 1)] * 2
+    with pytest.raises(ConfigError, match="--actor-depth must be from 1 to 8, got 0"):
+        RayPool.start(specs, SleepLoad(0.0), depth=0)
+    pool = RayPool.start(specs, SleepLoad(0.05), depth=2)
+    try:
+        lanes = pool.executors()["sleep"]
+        # Each actor twice: two engine threads queue their batches on one actor.
+        assert [id(x) for x in lanes] == [id(w) for w in pool.workers for _ in range(2)]
+        sched = Scheduler(Dynamic(0.01, 4), qa=QAPolicy(threshold=0.5, max_attempts=1))
+        rec = RecordingListener()
+        engine = RealtimeEngine(sched, {"sleep": lanes}, NullScorer(), rec)
+        for i in range(96):
+            engine.submit(Request(f"r{i}", "a red circle", SLEEP_KEY, base_seed=i))
+        victim = pool.workers[0]
+        killed: list[bool] = []
+
+        def kill_while_it_holds_a_batch() -> None:
+            if victim.busy.wait(60) and victim.actor is not None:
+                ray.kill(victim.actor)
+                killed.append(True)
+
+        killer = threading.Thread(target=kill_while_it_holds_a_batch, daemon=True)
+        killer.start()
+        engine.run()
+        killer.join(timeout=5)
+    finally:
+        pool.close()
+    assert killed
+    # Both of its lanes may have held a batch on it: each comes back once, and the actor
+    # is started again once, not once per lane.
+    lost = [st for st in rec.steps if st.kind == "lost"]
+    assert 1 <= len(lost) <= 2 and victim.starts == 2
+    accepted = sorted(ev.request.id for ev in rec.events(Accepted))
+    assert accepted == sorted(f"r{i}" for i in range(96))  # each once

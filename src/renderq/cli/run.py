@@ -66,6 +66,11 @@ def run(
     address: str = typer.Option(
         None, help="Ray cluster to join (auto: the running one; default: start a local one)."
     ),
+    actor_depth: int = typer.Option(
+        1,
+        help="Batches handed to each Ray actor at once: 2 queues the next batch on the actor "
+        "while one renders, hiding Ray's hop between batches (batches are cut sooner).",
+    ),
     precision: str = typer.Option(_SPEC.precision, help="fp32, fp16 or bf16."),
     lora: list[str] = typer.Option(
         [],
@@ -149,6 +154,7 @@ def run(
             summary = run_job(
                 settings, on_progress=bar.update, warn=_warn, devices=pool,
                 scorer_device=scoring[0], prices=prices, backend=backend, address=address,
+                depth=actor_depth,
             )  # fmt: skip
     except RenderqError as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -27,6 +27,7 @@ from typing import Any
 
 from renderq.backends.diffusers import DiffusersExecutor
 from renderq.backends.pool import WorkerSpec
+from renderq.backends.ray_backend import check_depth
 from renderq.backends.registry import (
     fingerprint,
     model_defaults,
@@ -387,6 +388,7 @@ def run_job(
     prices: Mapping[str, float] | None = None,
     backend: str = "local",
     address: str | None = None,
+    depth: int = 1,
 ) -> RunSummary:
     """Run (or resume) the job described by ``settings``; returns the summary.
 
@@ -398,9 +400,12 @@ def run_job(
     ``ray`` backend; default: the run's device, in this process). ``prices``: each device
     class's price per hour; every class the run uses must have one. ``backend``: ``local``
     (worker processes) or ``ray`` (an actor per device, on the Ray cluster at ``address``;
-    a new local one when None).
+    a new local one when None). ``depth``: batches handed to each Ray actor at once.
     """
     check_backend(backend)
+    check_depth(depth)
+    if depth != 1 and backend != "ray":
+        raise ConfigError(f"--actor-depth {depth} queues batches on Ray actors: add --backend ray")
     if devices and settings.batching.mode == "step":
         raise ConfigError(
             "--mode step runs one step loop on the run's --device; --devices is not "
@@ -479,7 +484,13 @@ def run_job(
             scoring = scorer_load(spec.scorer, settings.scale100)
             write_to = None if writes is None else (writes, scoring)
             with start_pool(
-                spec, devices, backend=backend, address=address, scoring=remote, write_to=write_to
+                spec,
+                devices,
+                backend=backend,
+                address=address,
+                scoring=remote,
+                write_to=write_to,
+                depth=depth,
             ) as pool:
                 scorer = scorer or getattr(pool, "scorer", None)
                 assert scorer is not None  # the pool started the scorer actor

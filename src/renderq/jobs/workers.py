@@ -86,11 +86,13 @@ def start_pool(
     address: str | None = None,
     scoring: tuple[WorkerSpec, ScorerLoad] | None = None,
     write_to: tuple[ImageStore, ScorerLoad] | None = None,
+    depth: int = 1,
 ) -> DevicePool | RayPool:
     """Start the render workers of ``devices`` (one device class) and, on Ray, the scorer
     actor of ``scoring``; returns once every one has loaded. ``write_to``: each worker
     also loads that scorer, scores its renders and writes them to that store itself
-    (:mod:`renderq.backends.writing`)."""
+    (:mod:`renderq.backends.writing`). ``depth``: batches handed to each Ray actor at
+    once (:class:`RayPool`)."""
     classes = sorted({d.device_class for d in devices})
     if len(classes) > 1:
         raise ConfigError(
@@ -104,5 +106,5 @@ def start_pool(
     )  # fmt: skip
     load: Loader = render if write_to is None else WriteLoad(render, write_to[1], write_to[0])
     if backend == "ray":
-        return RayPool.start(devices, load, address=address, scorer=scoring)
+        return RayPool.start(devices, load, address=address, scorer=scoring, depth=depth)
     return DevicePool.start(devices, load)
