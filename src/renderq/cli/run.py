@@ -10,6 +10,7 @@ import typer
 
 from renderq.backends.adapters import parse_adapter_paths
 from renderq.backends.calibrate import CALIBRATION_FILE, lookup, scale_name
+from renderq.backends.ray_backend import check_depth
 from renderq.cli.progress import ProgressLines, progress_for
 from renderq.core.errors import ConfigError, RenderqError
 from renderq.core.settings import Batching, ModelSpec, QASettings
@@ -139,6 +140,7 @@ def run(
             prompt_buckets=prompt_buckets,
             images=images or None,
         )
+        check_depth(actor_depth)  # before a Ray cluster is joined or started
         ray = backend == "ray"  # on Ray, --device alone is one actor's device
         pool = device_specs(devices or device, backend, address) if devices or ray else []
         scoring = parse_devices(scorer_devices) if scorer_devices else [None]
