@@ -153,3 +153,56 @@ def test_a_call_refused_part_way_answers_the_refusal_and_keeps_nothing(tmp_path:
     ok = asyncio.run(svc.generate(svc.build_requests("local", prompt="a", n=2, qa=False), None))
     assert [r.state for r in ok] == ["skipped", "skipped"]
     svc.drain(timeout_s=30)
+
+
+def test_workers_that_join_a_running_service_count_for_admission_and_capacity(
+    tmp_path: Path, monkeypatch: object
+) -> None:
+    import pytest
+
+    from renderq.core.errors import ConfigError
+    from renderq.service import loading
+    from renderq.testing.fakes import FakeExecutor
+
+    watched: list[object] = []
+
+    class GrowingPool:
+        """A pool read from a cluster: it hands joining workers to whoever watches it."""
+
+        def watch(self, add: object) -> None:
+            watched.append(add)
+
+        def close(self) -> None:
+            pass
+
+    start = loading.Workers.start
+
+    def with_pool(config: ServiceConfig, executor: object) -> loading.Workers:
+        workers = start(config, executor)  # type: ignore[arg-type]
+        workers.owner = GrowingPool()
+        return workers
+
+    monkeypatch.setattr(loading.Workers, "start", with_pool)  # type: ignore[attr-defined]
+    svc = RenderService(ServiceConfig(spec=NULL, data_dir=tmp_path, batching=batches_of(4)))
+    svc.start()
+    assert svc.ready.wait(timeout=60), svc.load_error
+    assert watched == [svc.add_workers]  # the service watches its pool once it serves
+    before = svc.stats()
+    assert before["render_workers"] == {"null": 1}
+    joined = FakeExecutor(device_class="null")
+    assert svc.add_workers("null", [joined]).result(timeout=10) == 2
+    svc._call(lambda now: None).result(timeout=10)  # the count is applied after the start
+    after = svc.stats()
+    assert after["render_workers"] == {"null": 2}
+    assert svc._engine is not None
+    assert svc._engine.scheduler._admission.workers_per_device == 2  # admission counts it
+    assert after["capacity_images_per_s"] == pytest.approx(2 * before["capacity_images_per_s"])
+    with pytest.raises(ConfigError, match="renders on 'null'; workers of 'cuda'"):
+        svc.add_workers("cuda", [FakeExecutor(device_class="cuda")])
+    reqs = svc.build_requests("local", prompt="a red circle", n=8, seed=1, qa=False)
+
+    async def go() -> list[object]:
+        return list(await svc.generate(reqs, None))
+
+    assert len(asyncio.run(go())) == 8  # every request answered with two workers
+    svc.drain(timeout_s=30)

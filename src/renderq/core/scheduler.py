@@ -232,6 +232,11 @@ class Scheduler:
 
     # -- requests in --------------------------------------------------------------------
 
+    def set_workers_per_device(self, workers: int) -> None:
+        """Admission prices the queue against ``workers`` render workers from now on (a
+        pool that grew while serving)."""
+        self._admission = dataclasses.replace(self._admission, workers_per_device=workers)
+
     def submit(self, request: Request, now: float) -> Admission:
         """Admit and queue a new request (attempt 0), or reject it with a reason."""
         if request.id in self._records:

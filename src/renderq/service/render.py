@@ -106,6 +106,10 @@ class RenderService:
                 share_device=False if loop else None,  # the loop takes turns with the scorer
                 reserve=Reserve(cap, INTERACTIVE_PRIORITY) if loop else None,
             )
+            # A Ray pool read from the cluster (``devices = "auto"``) grows as nodes join.
+            watch = getattr(workers.owner, "watch", None)
+            if watch is not None and not loop:
+                watch(self.add_workers)
             self._thread = threading.Thread(
                 target=lambda: engine.run(until_idle=False), daemon=True, name="renderq-engine"
             )
@@ -116,6 +120,32 @@ class RenderService:
         except Exception as exc:  # reported by /readyz
             self.load_error = f"{type(exc).__name__}: {exc}"
             self.workers.close()
+
+    def add_workers(self, device_class: str, executors: Sequence[Executor]) -> Future[int]:
+        """Take more render workers of the served class (actors on a node that joined):
+        the engine starts them, and admission and the capacity count them from then on.
+        The future holds the class's worker count after the addition."""
+        added = list(executors)
+        if device_class != self.workers.device_class:
+            raise ConfigError(
+                f"the service renders on {self.workers.device_class!r}; workers of "
+                f"{device_class!r} cannot join it"
+            )
+        engine = self._engine
+        if engine is None:
+            raise ConfigError("workers can join only a service that has started its engine")
+        grown = engine.add_workers(device_class, added)
+
+        def count(now: float) -> int:
+            before = len(self.workers.executors)
+            self.workers.executors = [*self.workers.executors, *added]
+            engine.scheduler.set_workers_per_device(len(self.workers.executors))
+            if self.capacity is not None:
+                self.capacity *= len(self.workers.executors) / before
+            return len(self.workers.executors)
+
+        engine.call(count)
+        return grown
 
     def begin_drain(self) -> None:
         """Stop admission (new work answers 503 ``draining``); queued bulk prompts go back.
