@@ -9,7 +9,7 @@ import random
 import pytest
 
 from renderq.core.errors import ConfigError
-from renderq.core.policies import AdHoc, Dynamic, Window, Windows
+from renderq.core.policies import AdHoc, Dynamic, StepSlots, Window, Windows
 from renderq.core.settings import QASettings
 from renderq.profiles import load_profile
 from renderq.runtime.arrivals import Arrival, arrivals, read_trace, write_trace
@@ -116,6 +116,22 @@ def test_a_shared_device_serialises_scoring_with_rendering() -> None:
     # ...but taking turns, the run lasts every render plus every score, back to back.
     assert shared.makespan_s == pytest.approx(led["render"] + led["score"])
     assert overlap.makespan_s < shared.makespan_s - 0.5 * led["score"]
+
+
+def test_scoring_in_the_render_workers_books_the_same_and_scales_with_them() -> None:
+    one = run(Window(), 20_000, render_workers=200)
+    each = run(Window(), 20_000, render_workers=200, score_in_workers=True)
+    # The same attempts, outcomes and device-seconds per stage...
+    same = ("accepted", "escalated", "renders", "rerenders")
+    assert [getattr(each, k) for k in same] == [getattr(one, k) for k in same]
+    assert each.ledger.seconds == pytest.approx(one.ledger.seconds)
+    # ...but 200 workers scoring their own batches outrun one scorer scoring for all
+    # (50 images/s on the profile's curve against the fleet's ~290 rendered).
+    assert each.makespan_s < 0.5 * one.makespan_s
+    with pytest.raises(ConfigError, match="no shared scorer"):
+        run(Window(), 8, score_in_workers=True, share_device=True)
+    with pytest.raises(ConfigError, match="not in its slots"):
+        run(StepSlots(4), 8, score_in_workers=True)
 
 
 def test_hand_off_overheads_hold_workers_but_are_not_booked() -> None:

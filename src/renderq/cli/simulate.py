@@ -141,6 +141,13 @@ def simulate_command(
         ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of arrivals, failures and noise.")] = 0,
+    score_in_workers: Annotated[
+        bool,
+        typer.Option(
+            help="Each render worker scores its own batch after rendering it (run --images) "
+            "instead of one scorer worker scoring for all."
+        ),
+    ] = False,
     as_json: Annotated[
         bool, typer.Option("--json", metavar="", help="Print one JSON object.")
     ] = False,
@@ -158,7 +165,7 @@ def simulate_command(
             fix_curve=registry.fix_curve(fix_curve), qa=QASettings(max_attempts=max_attempts),
             render_workers=parse_workers(workers, prof.device_class), seed=seed,
             jitter=jitter, deadline_s=deadline_s, price_per_hour=price_per_hour,
-            step_cost=load_step_cost(step_profile),
+            step_cost=load_step_cost(step_profile), score_in_workers=score_in_workers,
         )  # fmt: skip
         results = {m: simulate(p, cfg) for m, p in policies.items()}
     except ConfigError as exc:

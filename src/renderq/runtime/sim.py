@@ -81,8 +81,14 @@ class SimConfig:
     #: Step mode's costs (``renderq profile --step-level``); default: derived from the
     #: profile's render curve (``StepCost.from_profile``).
     step_cost: StepCost | None = None
+    #: Each render worker scores its own batch right after rendering it, on its device
+    #: (``renderq run --images``): a batch holds its worker for both, and the score
+    #: stage only collects the scores, at no device time of its own.
+    score_in_workers: bool = False
 
     def __post_init__(self) -> None:
+        if self.score_in_workers and self.share_device:
+            raise ConfigError("score_in_workers scores on the render workers: no shared scorer")
         if self.render_workers < 1:
             raise ConfigError(f"render workers must be >= 1, got {self.render_workers}")
         if self.streams is not None and self.streams < 1:
@@ -168,6 +174,9 @@ class _Loop:
     escalated: int = 0
     #: Step mode's loop (the render workers are its slots); None in the other modes.
     steps: VirtualStepLoop | None = None
+    #: With ``score_in_workers``: each rendered attempt's score and share of the scoring
+    #: seconds, given by its render worker.
+    worker_scores: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)
 
     def push(self, t: float, kind: int, payload: Any) -> None:
         heapq.heappush(self.heap, (t, next(self.seq), kind, payload))
@@ -238,7 +247,12 @@ class _Loop:
         job = self.scoring.take({dc: self.free}, {dc: self.cfg.render_workers})
         if job is not None:
             reqs = job.requests
-            if self.cfg.qa.enabled:
+            if self.cfg.qa.enabled and self.cfg.score_in_workers:
+                given = [self.worker_scores.pop((r.id, r.attempt)) for r in reqs]
+                scores, seconds = tuple(sc for sc, _ in given), sum(sh for _, sh in given)
+                result = ScoreResult(scores, seconds, self.scorer.device_class)
+                held = 0.0  # the render workers spent it
+            elif self.cfg.qa.enabled:
                 result = self.scorer.score(reqs)
                 held = result.device_seconds + self.cfg.score_overhead_s
             else:  # no gate: nothing is scored, nothing costs scorer time
@@ -266,6 +280,14 @@ class _Loop:
             return
         result = self.executor.run(batch)
         held = result.device_seconds + self.cfg.render_overhead_s
+        if self.cfg.score_in_workers and self.cfg.qa.enabled:
+            ok = [r for r, it in zip(batch.requests, result.items, strict=True) if it.ok]
+            if ok:
+                scored = self.scorer.score(ok)
+                held += scored.device_seconds
+                share = scored.device_seconds / len(ok)
+                for r, sc in zip(ok, scored.scores, strict=True):
+                    self.worker_scores[(r.id, r.attempt)] = (float(sc or 0.0), share)
         self.push(now + held, _RENDERED, (batch, result))
 
 
@@ -372,6 +394,8 @@ def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
         free=cfg.render_workers,
     )
     if policy.name == "step":
+        if cfg.score_in_workers:
+            raise ConfigError("step mode's loop scores beside its steps, not in its slots")
         loop.steps = _step_loop(policy, cfg)
         loop.free = loop.steps.cap  # the loop's slots
     requests = []
