@@ -6,6 +6,7 @@ two one-thread CPU worker processes, and kill one of them while it renders a bat
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -424,3 +425,52 @@ def test_a_worker_that_cannot_load_is_a_config_error_naming_its_device() -> None
 
     with pytest.raises(ConfigError, match=r"render worker on cpu cannot start: .*-1"):
         DevicePool.start([WorkerSpec("cpu", "cpu", 1)], SleepLoad(-1.0))
+
+
+@pytest.mark.slow
+@embedded
+def test_step_mode_on_two_devices_runs_a_loop_on_each_and_accepts_what_one_loop_does(
+    one_worker: tuple[Path, dict[str, Any], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from renderq.jobs import runner
+
+    tmp = one_worker[0]
+    loops: list[Any] = []
+    step_workers = runner.step_workers
+
+    @contextlib.contextmanager
+    def capture(*args: Any, **kwargs: Any) -> Any:
+        with step_workers(*args, **kwargs) as (loop, slots):
+            loops.append(loop)
+            yield loop, slots
+
+    monkeypatch.setattr(runner, "step_workers", capture)
+    ref, ref_out = _run(tmp, "step-one", "--mode", "step")
+    assert len(loops) == 1
+    summary, out = _run(tmp, "step-two", "--mode", "step", "--devices", "cpu:1,cpu:1")
+    assert len(loops) == 3 and all(loop.step_sizes for loop in loops[1:])  # both loops ran
+    assert summary["accepted"] == ref["accepted"] and summary["escalated"] == ref["escalated"]
+    _same_images(_accepted(out), _accepted(ref_out))
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--backend", "ray"], "--mode step runs a step loop per device in this process"),
+        (["--devices", "cpu:1,cpu:2"], "give every cpu worker the same threads, not [1, 2]"),
+    ],
+)
+def test_step_mode_refuses_what_its_loops_cannot_do(
+    tmp_path: Path, extra: list[str], message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from renderq.cli.main import app
+    from renderq.jobs import workers
+
+    # Ray's devices are read from a cluster: none is started for a refusal.
+    monkeypatch.setattr(workers, "device_specs", lambda text, backend, address: parse_devices(text))
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a blue circle\n", encoding="utf-8")
+    args = ["run", str(prompts), "--out", str(tmp_path / "out"), "--mode", "step",
+            "--devices", "cpu:1,cpu:1", "--steps", "2", *extra]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and message in result.output, result.output

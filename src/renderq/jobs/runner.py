@@ -21,6 +21,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -406,10 +407,10 @@ def run_job(
     check_depth(depth)
     if depth != 1 and backend != "ray":
         raise ConfigError(f"--actor-depth {depth} queues batches on Ray actors: add --backend ray")
-    if devices and settings.batching.mode == "step":
+    if devices and settings.batching.mode == "step" and backend != "local":
         raise ConfigError(
-            "--mode step runs one step loop on the run's --device; --devices is not "
-            "supported with it"
+            "--mode step runs a step loop per device in this process; --backend "
+            f"{backend} is not supported with it"
         )
     writes = None if settings.images is None else ImageStore.at(settings.images)
     if writes is not None and settings.batching.mode == "step":
@@ -465,13 +466,21 @@ def run_job(
                 with storage_errors(settings.out):
                     store.create_job(wanted, rows)
             prices = dict(prices or {})
-            if not devices and settings.batching.mode == "step":
+            if settings.batching.mode == "step":
                 assert scorer is not None
                 cap = settings.batching.max_batch_size or DEFAULT_MAX_BATCH_SIZE
-                with step_workers(executor, cap) as (loop, slots):
+                with ExitStack() as stack:
+                    loops, slots = [], []
+                    for ex in step_executors(executor, devices, spec):
+                        loop, by_class = stack.enter_context(step_workers(ex, cap))
+                        loops.append(loop)
+                        slots.append(by_class[loop.device_class])
+                    # Slots interleaved, so that free ones of every loop are taken in turn.
+                    lanes = [s for group in zip(*slots, strict=True) for s in group]
                     return _drive(
-                        settings, store, executor, scorer, on_progress, prices, slots, loop
-                    )
+                        settings, store, executor, scorer, on_progress, prices,
+                        {loops[0].device_class: lanes}, loops,
+                    )  # fmt: skip
             if not devices:
                 assert scorer is not None  # loaded above unless remote, which needs devices
                 if writes is not None:  # this process is the one worker that writes
@@ -506,6 +515,43 @@ def run_job(
         lock.release()
 
 
+def step_executors(
+    executor: DiffusersExecutor, devices: Sequence[WorkerSpec], spec: ModelSpec
+) -> list[DiffusersExecutor]:
+    """The pipelines step mode runs a loop on: ``executor`` alone, or one per ``devices``
+    entry, loaded in this process (``executor`` itself for the device it is on)."""
+    if not devices:
+        return [executor]
+    classes = sorted({d.device_class for d in devices})
+    if len(classes) > 1:
+        raise ConfigError(
+            f"--devices names the device classes {classes}: the render stage runs on one class"
+        )
+    threads = sorted({d.threads for d in devices if d.device == "cpu"})
+    if len(threads) > 1:
+        raise ConfigError(
+            f"--mode step runs its CPU loops in one process, whose torch threads are shared: "
+            f"give every cpu worker the same threads, not {threads}"
+        )
+    if threads and threads[0] > 0:
+        import torch
+
+        torch.set_num_threads(threads[0])
+    out = []
+    for d in devices:
+        if d.device == executor.device and executor not in out:
+            ex = executor
+        else:
+            ex = DiffusersExecutor.load(
+                resolve(spec.model), device=d.device, precision=spec.precision,
+                name=spec.model, compile=spec.compile, channels_last=spec.channels_last,
+                adapters=dict(spec.adapters),
+            )  # fmt: skip
+        ex.device_class = d.device_class
+        out.append(ex)
+    return out
+
+
 def _drive(
     settings: RunSettings,
     store: JobStore,
@@ -514,11 +560,12 @@ def _drive(
     on_progress: Callable[[Progress], None] | None,
     prices: Mapping[str, float],
     workers: dict[str, list[Executor]] | None = None,
-    step: StepLoop | None = None,
+    steps: Sequence[StepLoop] = (),
     on_engine: Callable[[RealtimeEngine], object] | None = None,
 ) -> RunSummary:
-    """Drive one run to the end. ``step``: step mode's loop (``workers`` are its slots);
-    the summary's batch sizes are then its running batch at every step. ``on_engine``:
+    """Drive one run to the end. ``steps``: step mode's loops, one per device (``workers``
+    are their slots, scoring takes turns with the first); the summary's batch sizes are
+    then their running batches at every step. ``on_engine``:
     called with the engine before it runs (a Ray pool's node watcher adds workers to it)."""
     started = time.monotonic()
     with storage_errors(settings.out):
@@ -550,8 +597,8 @@ def _drive(
     executors: dict[str, Any] = workers or {executor.device_class: executor}
     engine = RealtimeEngine.build(
         settings.batching, settings.qa.policy(), executors,
-        step.beside(scorer) if step else scorer, listener, ledger=ledger,
-        share_device=False if step else None,  # the loop takes turns with the scorer itself
+        steps[0].beside(scorer) if steps else scorer, listener, ledger=ledger,
+        share_device=False if steps else None,  # the loop takes turns with the scorer itself
     )  # fmt: skip
     [render_class] = executors
     for row in all_rows:
@@ -569,8 +616,9 @@ def _drive(
         writer.write_ledger(report.to_dict())
         store.finish_run(run)
     wall = time.monotonic() - started
-    share, threads = _cpu_share(step.runner if step else executor, scorer)
-    sizes = step.step_sizes if step else listener.batch_sizes
+    runners: list[Any] = [s.runner for s in steps] or [executor]
+    share, threads = _cpu_share(*runners, scorer)
+    sizes = [n for s in steps for n in s.step_sizes] if steps else listener.batch_sizes
     return summarise(
         settings.batching.mode, str(settings.out), store, report, sizes, wall,
         submitted=len(todo), cpu_share=share, threads=threads,
