@@ -219,7 +219,7 @@ def test_a_render_cache_of_another_two_shape_share_is_refused(tmp_path: Path) ->
     image = np.zeros((64, 64, 3), dtype=np.uint8)
     common.save_checkpoint(cache, {"images": [image], "prompts": ["a red circle"], "rendered": 1})
     # Nothing is rendered (no pipeline is read): the cache's share (0.3 by default) differs.
-    with pytest.raises(ValueError, match="two-shape share 0.3, not 0.5"):
+    with pytest.raises(ValueError, match=r"two-shape share 0\.3, not 0\.5"):
         clip_gate.render_training_set(tmp_path / "no-pipeline", 4, cache, two_shape_share=0.5)
     # Its own share reads the cache back, one prompt long, without rendering anything.
     data = clip_gate.render_training_set(tmp_path / "no-pipeline", 1, cache)
