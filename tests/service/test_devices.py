@@ -93,13 +93,20 @@ def test_bad_devices_are_refused_by_name(tmp_path: Path, models: tuple[Path, Pat
     assert ray.exit_code != 0 and "backend 'ray' needs devices" in ray.output
 
 
+@pytest.mark.parametrize("devices", ["", "cpu:1,cpu:1"], ids=["one-loop", "loop-per-device"])
 def test_step_mode_serves_the_images_whole_batches_give(
-    tmp_path: Path, models: tuple[Path, Path], server: Server
+    tmp_path: Path, models: tuple[Path, Path], server: Server, devices: str
 ) -> None:
-    cfg = write_config(tmp_path / "renderq.toml", tmp_path / "data", *models, mode="step")
+    cfg = write_config(tmp_path / "renderq.toml", tmp_path / "data", *models, mode="step",
+                       devices=devices)  # fmt: skip
     step = start_server(cfg, tmp_path / "data", tmp_path / "server.log")
     try:
         with step.client() as c, server.client() as whole:
+            stats = c.get("/v1/stats").json()
+            # Each loop's slots: its running batch (max_batch_size 4) and as many again
+            # kept for interactive work.
+            loops = 2 if devices else 1
+            assert stats["render_workers"] == {"cpu": 2 * 4 * loops}, stats
             answers = _job_and_three_calls(c, "a blue square", 10)
             reference = whole.post("/v1/images/generations", json=BODY).json()["data"]
             want = [np.asarray(_image(d), dtype=int) for d in reference]
@@ -122,8 +129,8 @@ def test_step_mode_is_refused_where_it_cannot_run(tmp_path: Path) -> None:
     from renderq.core.errors import ConfigError
     from renderq.service.config import load_config
 
-    with pytest.raises(ConfigError, match="devices is not supported"):
-        load_config(None, mode="step", devices="cpu:1,cpu:1")
+    with pytest.raises(ConfigError, match="backend 'ray' is not supported"):
+        load_config(None, mode="step", devices="cpu:1,cpu:1", backend="ray")
     with pytest.raises(ConfigError, match=r"mode must be 'dynamic' or 'step'.*'window'"):
         load_config(None, mode="window")
     from renderq.backends.null import NullExecutor

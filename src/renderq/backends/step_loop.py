@@ -29,14 +29,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from renderq.backends.diffusers import DiffusersExecutor, is_oom
+from renderq.backends.pool import WorkerSpec
+from renderq.backends.registry import resolve
 from renderq.backends.step import StepExecutor, StepState
 from renderq.core.errors import ConfigError, WorkerLost
 from renderq.core.protocols import Executor, Scorer
+from renderq.core.settings import ModelSpec
 from renderq.core.step import StepBatcher, StepKey
 from renderq.core.types import Batch, BatchResult, ItemResult, Request, ScoreResult
 
@@ -281,3 +284,57 @@ def step_workers(
         yield loop, {loop.device_class: loop.slots(cap + reserved)}
     finally:
         loop.close()
+
+
+@contextmanager
+def step_pool(
+    executors: Sequence[DiffusersExecutor], cap: int, reserved: int = 0
+) -> Iterator[tuple[list[StepLoop], list[Executor]]]:
+    """A step loop on each of ``executors`` (one device each, of one class) and all their
+    slots, interleaved so that the free ones of every loop are taken in turn: bulk work
+    spreads over the loops instead of filling the first. ``cap``, ``reserved``: per loop,
+    as :func:`step_workers`."""
+    with ExitStack() as stack:
+        loops, slots = [], []
+        for ex in executors:
+            loop, by_class = stack.enter_context(step_workers(ex, cap, reserved))
+            loops.append(loop)
+            slots.append(by_class[loop.device_class])
+        yield loops, [s for group in zip(*slots, strict=True) for s in group]
+
+
+def step_executors(
+    executor: DiffusersExecutor, devices: Sequence[WorkerSpec], spec: ModelSpec
+) -> list[DiffusersExecutor]:
+    """The pipelines step mode runs a loop on: ``executor`` alone, or one per ``devices``
+    entry, loaded in this process (``executor`` itself for the device it is on)."""
+    if not devices:
+        return [executor]
+    classes = sorted({d.device_class for d in devices})
+    if len(classes) > 1:
+        raise ConfigError(
+            f"--devices names the device classes {classes}: the render stage runs on one class"
+        )
+    threads = sorted({d.threads for d in devices if d.device == "cpu"})
+    if len(threads) > 1:
+        raise ConfigError(
+            f"--mode step runs its CPU loops in one process, whose torch threads are shared: "
+            f"give every cpu worker the same threads, not {threads}"
+        )
+    if threads and threads[0] > 0:
+        import torch
+
+        torch.set_num_threads(threads[0])
+    out = []
+    for d in devices:
+        if d.device == executor.device and executor not in out:
+            ex = executor
+        else:
+            ex = DiffusersExecutor.load(
+                resolve(spec.model), device=d.device, precision=spec.precision,
+                name=spec.model, compile=spec.compile, channels_last=spec.channels_last,
+                adapters=dict(spec.adapters),
+            )  # fmt: skip
+        ex.device_class = d.device_class
+        out.append(ex)
+    return out

@@ -21,7 +21,6 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from renderq.backends.registry import (
     scorer_default_threshold,
     vocabulary_notice,
 )
-from renderq.backends.step_loop import StepLoop, step_workers
+from renderq.backends.step_loop import StepLoop, step_executors, step_pool
 from renderq.backends.writing import WorkerScores, WritingExecutor
 from renderq.core.errors import ConfigError, StorageError
 from renderq.core.events import Accepted, Escalated, Regenerating
@@ -469,14 +468,7 @@ def run_job(
             if settings.batching.mode == "step":
                 assert scorer is not None
                 cap = settings.batching.max_batch_size or DEFAULT_MAX_BATCH_SIZE
-                with ExitStack() as stack:
-                    loops, slots = [], []
-                    for ex in step_executors(executor, devices, spec):
-                        loop, by_class = stack.enter_context(step_workers(ex, cap))
-                        loops.append(loop)
-                        slots.append(by_class[loop.device_class])
-                    # Slots interleaved, so that free ones of every loop are taken in turn.
-                    lanes = [s for group in zip(*slots, strict=True) for s in group]
+                with step_pool(step_executors(executor, devices, spec), cap) as (loops, lanes):
                     return _drive(
                         settings, store, executor, scorer, on_progress, prices,
                         {loops[0].device_class: lanes}, loops,
@@ -513,43 +505,6 @@ def run_job(
             store.close()
     finally:
         lock.release()
-
-
-def step_executors(
-    executor: DiffusersExecutor, devices: Sequence[WorkerSpec], spec: ModelSpec
-) -> list[DiffusersExecutor]:
-    """The pipelines step mode runs a loop on: ``executor`` alone, or one per ``devices``
-    entry, loaded in this process (``executor`` itself for the device it is on)."""
-    if not devices:
-        return [executor]
-    classes = sorted({d.device_class for d in devices})
-    if len(classes) > 1:
-        raise ConfigError(
-            f"--devices names the device classes {classes}: the render stage runs on one class"
-        )
-    threads = sorted({d.threads for d in devices if d.device == "cpu"})
-    if len(threads) > 1:
-        raise ConfigError(
-            f"--mode step runs its CPU loops in one process, whose torch threads are shared: "
-            f"give every cpu worker the same threads, not {threads}"
-        )
-    if threads and threads[0] > 0:
-        import torch
-
-        torch.set_num_threads(threads[0])
-    out = []
-    for d in devices:
-        if d.device == executor.device and executor not in out:
-            ex = executor
-        else:
-            ex = DiffusersExecutor.load(
-                resolve(spec.model), device=d.device, precision=spec.precision,
-                name=spec.model, compile=spec.compile, channels_last=spec.channels_last,
-                adapters=dict(spec.adapters),
-            )  # fmt: skip
-        ex.device_class = d.device_class
-        out.append(ex)
-    return out
 
 
 def _drive(

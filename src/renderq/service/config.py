@@ -94,10 +94,10 @@ class ServiceConfig:
             )
         if self.batching.max_batch_size is None:
             raise ConfigError("the service needs a max_batch_size (its warm-up measures it)")
-        if self.batching.mode == "step" and self.devices:
+        if self.batching.mode == "step" and self.devices and self.backend != "local":
             raise ConfigError(
-                "mode 'step' runs one step loop on the service's device; devices is not "
-                "supported with it"
+                f"mode 'step' runs a step loop per device in the service's process; backend "
+                f"{self.backend!r} is not supported with it (use backend 'local')"
             )
         for name in ("max_queue_per_key", "max_n", "max_steps", "max_job_prompts"):
             if getattr(self, name) < 1:

@@ -130,24 +130,26 @@ def load_models(config: ServiceConfig) -> tuple[Executor, Scorer, Defaults]:
 @dataclass(slots=True)
 class Workers:
     """The service's render workers, all of one device class: its own executor, a
-    ``devices`` pool, or (``mode = "step"``) the slots of a step loop on its own pipeline.
+    ``devices`` pool, or (``mode = "step"``) the slots of a step loop on each device
+    (its own pipeline alone, or one per ``devices`` entry, loaded in its process).
 
-    ``owner`` is what :meth:`close` ends (the pool, or the step loop); ``loop`` the step loop.
+    ``owner`` is what :meth:`close` ends (the pool, or the step loops); ``loops`` the step
+    loops.
     """
 
     device_class: str = ""
     executors: Sequence[Executor] = ()
     owner: Any = None
-    loop: Any = None
+    loops: Sequence[Any] = ()
 
     @classmethod
     def start(cls, config: ServiceConfig, executor: Executor) -> Workers:
         """Start the pool of ``config.devices`` (returns once every worker has loaded), the
-        step loop of step mode, or take ``executor`` alone."""
+        step loops of step mode, or take ``executor`` alone."""
         from renderq.backends.null import NULL_MODEL
 
         if config.batching.mode == "step":
-            return cls._step(executor, config.render_cap, config.spec.model)
+            return cls._step(config, executor)
         if not config.devices:
             return cls(executor.device_class, [executor])
         from renderq.jobs.workers import device_specs, start_pool
@@ -160,22 +162,34 @@ class Workers:
         return cls(device_class, executors, pool)
 
     @classmethod
-    def _step(cls, executor: Executor, cap: int, model: str) -> Workers:
-        """A step loop driving ``executor``'s own pipeline (refused for one it cannot drive)."""
+    def _step(cls, config: ServiceConfig, executor: Executor) -> Workers:
+        """A step loop driving ``executor``'s own pipeline, or one per ``config.devices``
+        entry (refused for a pipeline it cannot drive)."""
         from renderq.backends.diffusers import DiffusersExecutor
-        from renderq.backends.step_loop import step_workers
+        from renderq.backends.step_loop import step_executors, step_pool
 
         if not isinstance(executor, DiffusersExecutor):
             raise ConfigError(
-                f"mode 'step' drives a diffusers pipeline's denoising loop; {model!r} "
-                "has none (serve it with mode 'dynamic')"
+                f"mode 'step' drives a diffusers pipeline's denoising loop; "
+                f"{config.spec.model!r} has none (serve it with mode 'dynamic')"
             )
+        specs: list[Any] = []
+        if config.devices:
+            from renderq.jobs.workers import device_specs
+
+            specs = device_specs(config.devices, config.backend, config.address)
+        cap = config.render_cap
         stack = ExitStack()
-        # As many slots again as the running batch holds, kept for interactive work: an
-        # interactive request enters the loop at once and displaces a running bulk one.
-        loop, slots = stack.enter_context(step_workers(executor, cap, reserved=cap))
-        [(device_class, executors)] = slots.items()
-        return cls(device_class, executors, stack, loop)
+        try:
+            # As many slots again as each running batch holds, kept for interactive work:
+            # an interactive request enters a loop at once and displaces a running bulk one.
+            loops, lanes = stack.enter_context(
+                step_pool(step_executors(executor, specs, config.spec), cap, reserved=cap)
+            )
+        except BaseException:
+            stack.close()
+            raise
+        return cls(loops[0].device_class, lanes, stack, loops)
 
     def close(self) -> None:
         """End the pool's workers or the step loop (nothing for the service's own executor)."""

@@ -85,30 +85,30 @@ class RenderService:
         try:
             executor, scorer, defaults = self._load(self.config)
             self.workers = workers = Workers.start(self.config, executor)
-            dc, cap, loop = workers.device_class, self.config.render_cap, workers.loop
+            dc, cap, loops = workers.device_class, self.config.render_cap, workers.loops
             self.defaults, self.model = defaults, Served(self.config, executor, defaults, dc)
             # Every worker renders the same pipeline on the same kind of device: one
             # worker's curve prices a batch; the class's capacity is n times its best. A
-            # step loop is one device (its slots are not workers): timed whole-batch.
-            n = 1 if loop else len(workers.executors)
-            curve = warm_up(executor if loop else workers.executors[0], defaults, cap)
+            # step loop is one device (its slots are not workers), timed whole-batch.
+            n = len(loops) or len(workers.executors)
+            curve = warm_up(executor if loops else workers.executors[0], defaults, cap)
             best = curve.best_size(curve.max_size)
             self.capacity = n * best / curve.latency(best)
-            priced = step_curve(curve, cap) if loop else curve
+            priced = step_curve(curve, cap) if loops else curve
             self._engine = engine = RealtimeEngine.build(
                 self.config.batching,
                 QAPolicy(defaults.threshold, self.config.qa.max_attempts),
                 {dc: workers.executors},
-                loop.beside(scorer) if loop else scorer,
+                loops[0].beside(scorer) if loops else scorer,
                 self,
                 cost=lambda key: scaled_cost(priced, key, defaults),
                 admission=AdmissionConfig(self.config.max_queue_per_key, n),
-                share_device=False if loop else None,  # the loop takes turns with the scorer
-                reserve=Reserve(cap, INTERACTIVE_PRIORITY) if loop else None,
+                share_device=False if loops else None,  # a loop takes turns with the scorer
+                reserve=Reserve(cap * n, INTERACTIVE_PRIORITY) if loops else None,
             )
             # A Ray pool read from the cluster (``devices = "auto"``) grows as nodes join.
             watch = getattr(workers.owner, "watch", None)
-            if watch is not None and not loop:
+            if watch is not None and not loops:
                 watch(self.add_workers)
             self._thread = threading.Thread(
                 target=lambda: engine.run(until_idle=False), daemon=True, name="renderq-engine"
