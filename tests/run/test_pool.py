@@ -432,11 +432,11 @@ def test_a_worker_that_cannot_load_is_a_config_error_naming_its_device() -> None
 def test_step_mode_on_two_devices_runs_a_loop_on_each_and_accepts_what_one_loop_does(
     one_worker: tuple[Path, dict[str, Any], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from renderq.jobs import runner
+    from renderq.backends import step_loop
 
     tmp = one_worker[0]
     loops: list[Any] = []
-    step_workers = runner.step_workers
+    step_workers = step_loop.step_workers
 
     @contextlib.contextmanager
     def capture(*args: Any, **kwargs: Any) -> Any:
@@ -444,7 +444,7 @@ def test_step_mode_on_two_devices_runs_a_loop_on_each_and_accepts_what_one_loop_
             loops.append(loop)
             yield loop, slots
 
-    monkeypatch.setattr(runner, "step_workers", capture)
+    monkeypatch.setattr(step_loop, "step_workers", capture)
     ref, ref_out = _run(tmp, "step-one", "--mode", "step")
     assert len(loops) == 1
     summary, out = _run(tmp, "step-two", "--mode", "step", "--devices", "cpu:1,cpu:1")
