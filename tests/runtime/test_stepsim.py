@@ -176,8 +176,25 @@ def test_a_request_alone_in_step_mode_takes_its_steps() -> None:
     # The scheduler cuts it at once; scoring runs after the image comes back.
     assert result.batch_sizes == (1,) * steps
     assert result.ledger.seconds["render"] == pytest.approx(0.01 + steps * 0.05)
-    with pytest.raises(ConfigError, match="one device's step loop"):
-        _sim(StepSlots(8), (Arrival(0.0),), cost, render_workers=2)
+
+
+def test_step_mode_on_two_devices_runs_a_loop_on_each() -> None:
+    from renderq.core.policies import StepSlots
+    from renderq.runtime.arrivals import Arrival
+
+    # A flat step cost (a GPU-like curve): 16 requests at once fill one loop of 8 twice
+    # over, or two loops of 8 once each, in half the time for the same device-seconds.
+    cost = StepCost(LatencyCurve((1, 8), (0.04, 0.04)))
+    trace = tuple(Arrival(0.0) for _ in range(16))
+    one = _sim(StepSlots(8), trace, cost, failure_rate=0.0)
+    two = _sim(StepSlots(8), trace, cost, failure_rate=0.0, render_workers=2)
+    steps = load_profile("mini-sd-cpu").steps
+    assert one.accepted == two.accepted == 16 and two.unfinished == 0
+    # Every step of both loops ran full: 8 requests each, never 16 in one.
+    assert one.batch_sizes == (8,) * (2 * steps) and two.batch_sizes == (8,) * (2 * steps)
+    assert two.makespan_s < 0.6 * one.makespan_s
+    render = lambda r: r.ledger.seconds["render"]  # noqa: E731
+    assert render(two) == pytest.approx(render(one)) == pytest.approx(2 * steps * 0.04)
 
 
 def test_step_mode_takes_turns_with_a_scorer_on_its_device() -> None:

@@ -172,8 +172,9 @@ class _Loop:
     rerenders: int = 0
     accepted: int = 0
     escalated: int = 0
-    #: Step mode's loop (the render workers are its slots); None in the other modes.
-    steps: VirtualStepLoop | None = None
+    #: Step mode's loops, one per render worker (the engine's workers are their slots);
+    #: empty in the other modes.
+    steps: list[VirtualStepLoop] = field(default_factory=list)
     #: With ``score_in_workers``: each rendered attempt's score and share of the scoring
     #: seconds, given by its render worker.
     worker_scores: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)
@@ -198,21 +199,21 @@ class _Loop:
             self.scoring.done()
             self.note(self.sched.on_scores(ids, result, now), now)
         elif kind == _STEP:
-            self.step(now)
+            self.step(now, payload)
         else:
             self.wakes.discard(payload)
 
-    def step(self, now: float) -> None:
-        """A step boundary of the step loop: its finished batches come back when it ends."""
-        assert self.steps is not None
-        end, results, scored = self.steps.boundary(now)
+    def step(self, now: float, index: int) -> None:
+        """A step boundary of loop ``index``: its finished batches come back when it ends."""
+        loop = self.steps[index]
+        end, results, scored = loop.boundary(now)
         for at, payload in scored:
             self.push(at, _SCORED, payload)
         for batch, result in results:
             self.push(end, _RENDERED, (batch, result))
-        self.steps.running = not self.steps.batcher.idle()
-        if self.steps.running:
-            self.push(end, _STEP, None)
+        loop.running = not loop.batcher.idle()
+        if loop.running:
+            self.push(end, _STEP, index)
 
     def note(self, events: Sequence[Event], now: float) -> None:
         for ev in events:
@@ -258,9 +259,10 @@ class _Loop:
             else:  # no gate: nothing is scored, nothing costs scorer time
                 result = ScoreResult((None,) * len(reqs), 0.0, self.scorer.device_class)
                 held = 0.0
-            if self.steps is not None and self.cfg.share_device:
-                # On the loop's device: scored at its next step boundary, before the step.
-                at = self.steps.add_score(held, (reqs, result), now)
+            if self.steps and self.cfg.share_device:
+                # On the first loop's device: scored at its next step boundary, before the
+                # step (as the real loops' scorer takes turns with the first).
+                at = self.steps[0].add_score(held, (reqs, result), now)
                 if at is not None:
                     self.push(at, _SCORED, (reqs, result))
                 return
@@ -272,11 +274,15 @@ class _Loop:
         for r in batch.requests:
             self.renders += 1
             self.rerenders += r.attempt > 0
-        if self.steps is not None:
-            self.steps.add(batch, now)
-            if not self.steps.running:
-                self.steps.running = True
-                self.push(now, _STEP, None)
+        if self.steps:
+            # The loop holding fewest requests (the real loops' slots are interleaved, so
+            # free slots are taken from every loop in turn).
+            index = min(range(len(self.steps)), key=lambda i: self.steps[i].held)
+            loop = self.steps[index]
+            loop.add(batch, now)
+            if not loop.running:
+                loop.running = True
+                self.push(now, _STEP, index)
             return
         result = self.executor.run(batch)
         held = result.device_seconds + self.cfg.render_overhead_s
@@ -291,15 +297,12 @@ class _Loop:
         self.push(now + held, _RENDERED, (batch, result))
 
 
-def _step_loop(policy: Policy, cfg: SimConfig) -> VirtualStepLoop:
-    """Step mode's virtual loop: the configured step cost, capped by the policy's batch."""
-    if cfg.render_workers != 1:
-        raise ConfigError(
-            f"step mode simulates one device's step loop; got {cfg.render_workers} workers"
-        )
+def _step_loops(policy: Policy, cfg: SimConfig) -> list[VirtualStepLoop]:
+    """Step mode's virtual loops, one per render worker (device): the configured step
+    cost, capped by the policy's batch."""
     cost = cfg.step_cost or StepCost.from_profile(cfg.profile)
     cap = min(policy.max_batch_size or cost.cap, cost.cap)
-    return VirtualStepLoop(cost, cap, cfg.profile.device_class)
+    return [VirtualStepLoop(cost, cap, cfg.profile.device_class) for _ in range(cfg.render_workers)]
 
 
 @dataclass(slots=True)
@@ -396,8 +399,8 @@ def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
     if policy.name == "step":
         if cfg.score_in_workers:
             raise ConfigError("step mode's loop scores beside its steps, not in its slots")
-        loop.steps = _step_loop(policy, cfg)
-        loop.free = loop.steps.cap  # the loop's slots
+        loop.steps = _step_loops(policy, cfg)
+        loop.free = sum(s.cap for s in loop.steps)  # the loops' slots
     requests = []
     for i, a in enumerate(cfg.arrivals):
         deadline_s = a.deadline_s if a.deadline_s is not None else cfg.deadline_s
@@ -440,7 +443,9 @@ def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
         latencies=tuple(loop.done_at[r] - loop.arrived[r] for r in served),
         ids=tuple(served),
         # Step mode: the running batch's size at every step.
-        batch_sizes=tuple(loop.steps.step_sizes if loop.steps else loop.batch_sizes),
+        batch_sizes=tuple(
+            [n for s in loop.steps for n in s.step_sizes] if loop.steps else loop.batch_sizes
+        ),
         accepted=loop.accepted,
         escalated=loop.escalated,
         rejected=rejected,

@@ -233,6 +233,11 @@ class VirtualStepLoop:
             )
         self.batcher = StepBatcher(cap=self.cap)
 
+    @property
+    def held(self) -> int:
+        """Requests the loop holds: running, waiting to join or paused."""
+        return len(self._batch_of)
+
     def add(self, batch: Batch, now: float) -> None:
         """The scheduler's batch reaches the loop; its requests join at the next boundary."""
         self._left[batch.id] = batch.size
