@@ -107,15 +107,35 @@ def test_step_mode_is_judged_and_replayed_by_its_loop_steps(
     assert abs(row["device_seconds"]["rel_error"]) < 0.35, row["device_seconds"]
 
 
-def test_real_bench_on_a_pool_of_two_workers(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+def test_real_bench_on_a_pool_of_two_workers(
+    tiny: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import contextlib
+    from typing import Any
+
+    from renderq.backends import step_loop
+
+    loops: list[Any] = []
+    step_workers = step_loop.step_workers
+
+    @contextlib.contextmanager
+    def capture(*args: Any, **kwargs: Any) -> Any:
+        with step_workers(*args, **kwargs) as (loop, slots):
+            loops.append(loop)
+            yield loop, slots
+
+    monkeypatch.setattr(step_loop, "step_workers", capture)
     sd, clip = tiny
     args = ["bench", "--executor", "real", "--model", str(sd), "--scorer", str(clip),
             "--steps", "2", "--threshold", "0.0", "--scenario", "offline", "--requests", "16",
-            "--modes", "adhoc,window", "--max-batch-size", "4", "--devices", "cpu:1,cpu:1",
-            "--compare-sim", "--json"]  # fmt: skip
+            "--modes", "adhoc,window,step", "--max-batch-size", "4",
+            "--devices", "cpu:1,cpu:1", "--compare-sim", "--json"]  # fmt: skip
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     report = json.loads(res.output[res.output.index("{") :])
+    # Step mode ran a loop per device, in this process, and both took requests.
+    assert len(loops) == 2 and all(loop.step_sizes for loop in loops)
+    assert max(n for loop in loops for n in loop.step_sizes) <= 4
     for m in report["modes"].values():
         assert m["accepted"] + m["escalated"] == 16
         # Two references before the mode and two after, all on the pool's first worker

@@ -19,7 +19,7 @@ from functools import partial
 from typing import Any
 
 from renderq.backends.diffusers import DiffusersExecutor
-from renderq.backends.step_loop import StepTrace, step_workers
+from renderq.backends.step_loop import StepLoop, StepTrace, step_pool
 from renderq.bench.harness import Backend, Scenario
 from renderq.core.errors import ConfigError
 from renderq.core.events import Accepted, Cancelled, Escalated, Regenerating
@@ -146,6 +146,10 @@ class RealBench:
     pool: Sequence[Executor] = ()
     """A device pool's workers (``--devices``), all of one class: the engine renders on
     them and the reference batches run on the first; empty: on ``executor``."""
+    step_pipelines: Sequence[DiffusersExecutor] = ()
+    """Step mode's pipelines with a pool, one per device, loaded in this process (a step
+    loop drives its pipeline here; the pool's processes idle meanwhile); empty: one loop
+    on ``executor``."""
 
     @property
     def workers(self) -> int:
@@ -231,14 +235,16 @@ class RealBench:
             scorer = self.scorer if self.qa.enabled else _Unscored()
             share: bool | None = self.share_device
             step_turns = False
-            if policy.name == "step" and self.pool:
-                raise ConfigError("step mode runs one step loop on --device; not with --devices")
-            if policy.name == "step":  # the slots of one step loop on the bench's pipeline
-                loop, executors = stack.enter_context(
-                    step_workers(_pipeline_of(self.executor), policy.max_batch_size or 16)
+            loops: list[StepLoop] = []
+            if policy.name == "step":  # a step loop per device, on the bench's pipelines
+                if self.pool and len(self.step_pipelines) != len(self.pool):
+                    raise ConfigError("step mode with --devices needs a pipeline per device")
+                pipelines = self.step_pipelines or [pipeline_of(self.executor)]
+                loops, lanes = stack.enter_context(
+                    step_pool(pipelines, policy.max_batch_size or 16)
                 )
-                rec.step_sizes, rec.step_trace = loop.step_sizes, loop.trace
-                turns = loop.beside(scorer)  # scoring at step boundaries, on the same device
+                executors = {loops[0].device_class: lanes}
+                turns = loops[0].beside(scorer)  # scoring at the first loop's step boundaries
                 share, step_turns, scorer = False, turns is not scorer, turns
             recorder = _Recorder(rec, done, self.key.steps)
             # The harness made ``policy`` from the command's batching; the score part is here.
@@ -274,6 +280,13 @@ class RealBench:
                 feeder.join()
             if isinstance(executor, _Interleaved):
                 executor.close_stretch()
+            if loops:  # every loop's steps (one loop's after another's)
+                rec.step_sizes = [n for loop in loops for n in loop.step_sizes]
+                rec.step_trace = StepTrace(
+                    [s for loop in loops for s in loop.trace.steps],
+                    [p for loop in loops for p in loop.trace.prepares],
+                    [d for loop in loops for d in loop.trace.decodes],
+                )
         self.last = rec
         return self._result(policy, sched, rec)
 
@@ -385,7 +398,7 @@ class _Unscored:
         return ScoreResult((None,) * len(images), 0.0, self.device_class)
 
 
-def _pipeline_of(executor: Executor) -> DiffusersExecutor:
+def pipeline_of(executor: Executor) -> DiffusersExecutor:
     """The diffusers executor step mode drives (step mode needs a loaded pipeline)."""
     if not isinstance(executor, DiffusersExecutor):
         raise ConfigError(f"step mode needs a diffusers pipeline; the bench has {executor!r}")

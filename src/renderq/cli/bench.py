@@ -54,8 +54,6 @@ def _pool_specs(devices: str | None, modes: str) -> list[Any]:
         return []
     from renderq.backends.pool import parse_devices
 
-    if "step" in [m.strip() for m in modes.split(",")]:
-        raise ConfigError("step mode runs one step loop on --device; not with --devices")
     specs = parse_devices(devices)
     if len({s.device_class for s in specs}) > 1:
         raise ConfigError(f"--devices {devices!r} names more than one device class")
@@ -165,6 +163,12 @@ def bench_command(
                 started = start_pool(spec, pool)
                 stack.callback(started.close)
                 [bench.pool] = started.executors().values()
+                if "step" in [m.strip() for m in modes.split(",")]:
+                    from renderq.backends.step_loop import step_executors
+                    from renderq.bench.real import pipeline_of
+
+                    # Step mode's loops drive pipelines in this process, one per device.
+                    bench.step_pipelines = step_executors(pipeline_of(bench.executor), pool, spec)
         elif repeat != 1:
             raise ConfigError(
                 f"--repeat {repeat} needs --executor real (a simulated round repeats exactly)"
