@@ -136,3 +136,25 @@ def test_profile_threads_are_checked_and_set_as_run_sets_them() -> None:
         assert res.exit_code != 0 and torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_real_bench_leaves_a_core_to_its_engine_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    from renderq.backends import diffusers
+
+    res = CliRunner().invoke(app, ["bench", "--executor", "real", "--threads", "-1"])
+    assert res.exit_code == 2 and "-1" in res.output
+    before = torch.get_num_threads()
+    monkeypatch.setattr(diffusers, "free_cores", lambda: 2)
+    try:
+        # Unset: the free cores less one; a model that cannot load ends the command after.
+        args = ["bench", "--executor", "real", "--model", "/nonexistent"]
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code != 0 and torch.get_num_threads() == 1
+        res = CliRunner().invoke(app, [*args, "--threads", "2"])
+        assert res.exit_code != 0 and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

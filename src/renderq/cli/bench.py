@@ -103,6 +103,13 @@ def bench_command(
     device: Annotated[str, typer.Option(help="Real: cpu or cuda[:N].")] = _SPEC.device,
     precision: Annotated[str, typer.Option(help="Real: fp32, fp16 or bf16.")] = _SPEC.precision,
     steps: Annotated[int | None, typer.Option(help="Real: denoising steps.")] = None,
+    threads: Annotated[
+        int,
+        typer.Option(
+            help="Real, on a CPU: torch threads (0: the cores other work leaves free, less "
+            "one for the bench's own engine threads, which run in its process)."
+        ),
+    ] = 0,
     threshold: Annotated[float | None, typer.Option(help="Real: QA threshold.")] = None,
     max_attempts: Annotated[
         int, typer.Option(help="Attempts per prompt in all.")
@@ -153,6 +160,15 @@ def bench_command(
             from renderq.bench.realrun import RealSettings, check_real_options, load_bench
 
             pool = _pool_specs(devices, modes)
+            if threads < 0:
+                raise ConfigError(f"--threads must be >= 0, got {threads}")
+            if device == "cpu" or threads > 0:
+                from renderq.backends.diffusers import free_cores, set_cpu_threads
+
+                # The engine, the arrival feeder and the recorder are Python threads of
+                # this process: a torch team on every core waits on their time slices
+                # and the mode's speed moves under it (an unstable run).
+                set_cpu_threads(threads or max(1, free_cores() - 1))
             check_real_options(repeat, workers, reference_every, stability_bound, len(pool))
             given = None if profile == "article-sdxl-a100" else load_profile(profile)
             spec = ModelSpec(model, scorer, device, precision, steps)
