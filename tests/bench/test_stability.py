@@ -142,9 +142,6 @@ def test_real_only_options_are_refused_by_value() -> None:
     assert res.exit_code != 0 and "--devices needs --executor real" in res.output
     res = runner.invoke(app, ["bench", "--executor", "real", "--devices", "gpu:0"])
     assert res.exit_code != 0 and "'gpu:0'" in res.output
-    res = runner.invoke(app, ["bench", "--executor", "real", "--devices", "cpu:1,cpu:1",
-                              "--modes", "dynamic,step"])  # fmt: skip
-    assert res.exit_code != 0 and "step mode runs one step loop" in res.output
 
 
 def test_drift_compares_batches_of_the_same_work_only() -> None:
@@ -154,3 +151,18 @@ def test_drift_compares_batches_of_the_same_work_only() -> None:
     steps = [10, 30] * 6
     assert (drift(batches) or 0.0) > 1.25
     assert drift([((n, st), s) for (n, s), st in zip(batches, steps, strict=True)]) == 1.0
+
+
+def test_a_step_loops_drift_is_smoothed_over_requests_worth_of_steps() -> None:
+    # 20-step requests: 1,000 steps of 17 ms with one stall of ten steps at 1.3x (about
+    # 0.2 s), then the same with the second half 1.4x slower throughout.
+    stall = [(1, 0.017)] * 400 + [(1, 0.017 * 1.3)] * 10 + [(1, 0.017)] * 590
+    slowed = [(1, 0.017)] * 500 + [(1, 0.017 * 1.4)] * 500
+    by_steps = 5 * 20  # five requests' worth of steps, as the bench passes for step mode
+    # Five steps alone read the stall as the machine slowing; five requests' steps do not.
+    assert not Stability.check("step", [], stall).stable
+    assert Stability.check("step", [], stall, window=by_steps).stable
+    # A machine that really slowed is caught with either window.
+    for window in (5, by_steps):
+        verdict = Stability.check("step", [], slowed, window=window)
+        assert not verdict.stable and verdict.drift == pytest.approx(1.4)

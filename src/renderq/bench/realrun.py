@@ -20,7 +20,7 @@ from renderq.bench.harness import (
 )
 from renderq.bench.model_profile import ProfileSettings, profile_loaded
 from renderq.bench.real import RealBench
-from renderq.bench.stability import STABILITY_BOUND, Stability, round_order
+from renderq.bench.stability import DRIFT_WINDOW, STABILITY_BOUND, Stability, round_order
 from renderq.core.cost import Profile
 from renderq.core.errors import ConfigError
 from renderq.core.policies import Policy
@@ -176,14 +176,18 @@ def _one_mode(
     own: list[tuple[Any, float]] = [
         ((n, steps), secs) for (n, secs), steps in zip(rec.batches, rec.batch_steps, strict=True)
     ]
+    window = DRIFT_WINDOW
     if trace is not None:
         own = list(trace.steps)
+        # A step is a request's 1/steps: smooth over as many requests' steps as batches.
+        window *= max(1, round(statistics.median(rec.batch_steps or [1])))
     stability = Stability.check(
         name,
         timed,
         own,
         (("against the reference", run.efficiency_reference), ("paired", paired)),
         bound,
+        window,
     )
     p99 = result.percentile(99)
     meets = None

@@ -85,12 +85,17 @@ class Stability:
         batches: Sequence[tuple[Hashable, float]],
         efficiencies: Sequence[tuple[str, float | None]] = (),
         bound: float = STABILITY_BOUND,
+        window: int = DRIFT_WINDOW,
     ) -> Stability:
-        """Check a run's reference batches, its own batches and its figures against ``bound``."""
+        """Check a run's reference batches, its own batches and its figures against ``bound``.
+
+        ``window``: the batches the drift's running median spans (step mode passes its
+        steps: :data:`DRIFT_WINDOW` requests' worth, about the time as many whole
+        batches take, so that a stall of a few tens of milliseconds is not a drift)."""
         if not bound > 0:
             raise ConfigError(f"the stability bound must be > 0, got {bound}")
         top = 1 + bound
-        ref, moved = spread(reference_s), drift(batches)
+        ref, moved = spread(reference_s), drift(batches, window)
         reasons = []
         if ref is not None and ref > top:
             reasons.append(
