@@ -110,21 +110,9 @@ def test_step_mode_is_judged_and_replayed_by_its_loop_steps(
 def test_real_bench_on_a_pool_of_two_workers(
     tiny: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import contextlib
-    from typing import Any
+    from tests.step_loops import capture_step_loops
 
-    from renderq.backends import step_loop
-
-    loops: list[Any] = []
-    step_workers = step_loop.step_workers
-
-    @contextlib.contextmanager
-    def capture(*args: Any, **kwargs: Any) -> Any:
-        with step_workers(*args, **kwargs) as (loop, slots):
-            loops.append(loop)
-            yield loop, slots
-
-    monkeypatch.setattr(step_loop, "step_workers", capture)
+    loops = capture_step_loops(monkeypatch)
     sd, clip = tiny
     args = ["bench", "--executor", "real", "--model", str(sd), "--scorer", str(clip),
             "--steps", "2", "--threshold", "0.0", "--scenario", "offline", "--requests", "16",

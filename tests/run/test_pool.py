@@ -6,7 +6,6 @@ two one-thread CPU worker processes, and kill one of them while it renders a bat
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -432,19 +431,10 @@ def test_a_worker_that_cannot_load_is_a_config_error_naming_its_device() -> None
 def test_step_mode_on_two_devices_runs_a_loop_on_each_and_accepts_what_one_loop_does(
     one_worker: tuple[Path, dict[str, Any], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from renderq.backends import step_loop
+    from tests.step_loops import capture_step_loops
 
     tmp = one_worker[0]
-    loops: list[Any] = []
-    step_workers = step_loop.step_workers
-
-    @contextlib.contextmanager
-    def capture(*args: Any, **kwargs: Any) -> Any:
-        with step_workers(*args, **kwargs) as (loop, slots):
-            loops.append(loop)
-            yield loop, slots
-
-    monkeypatch.setattr(step_loop, "step_workers", capture)
+    loops = capture_step_loops(monkeypatch)
     ref, ref_out = _run(tmp, "step-one", "--mode", "step")
     assert len(loops) == 1
     summary, out = _run(tmp, "step-two", "--mode", "step", "--devices", "cpu:1,cpu:1")
