@@ -59,6 +59,15 @@ class StepTrace:
     prepares: list[float] = field(default_factory=list)
     decodes: list[tuple[int, float]] = field(default_factory=list)
 
+    @classmethod
+    def joined(cls, traces: Sequence[StepTrace]) -> StepTrace:
+        """Several loops' traces as one, each loop's after the one before."""
+        return cls(
+            [s for t in traces for s in t.steps],
+            [p for t in traces for p in t.prepares],
+            [d for t in traces for d in t.decodes],
+        )
+
 
 @dataclass(slots=True)
 class _Waiting:

@@ -281,12 +281,8 @@ class RealBench:
             if isinstance(executor, _Interleaved):
                 executor.close_stretch()
             if loops:  # every loop's steps (one loop's after another's)
-                rec.step_sizes = [n for loop in loops for n in loop.step_sizes]
-                rec.step_trace = StepTrace(
-                    [s for loop in loops for s in loop.trace.steps],
-                    [p for loop in loops for p in loop.trace.prepares],
-                    [d for loop in loops for d in loop.trace.decodes],
-                )
+                rec.step_trace = StepTrace.joined([loop.trace for loop in loops])
+                rec.step_sizes = [n for n, _ in rec.step_trace.steps]
         self.last = rec
         return self._result(policy, sched, rec)
 

@@ -179,17 +179,13 @@ class Workers:
 
             specs = device_specs(config.devices, config.backend, config.address)
         cap = config.render_cap
-        stack = ExitStack()
-        try:
+        with ExitStack() as stack:  # closed here only if a loop fails to start
             # As many slots again as each running batch holds, kept for interactive work:
             # an interactive request enters a loop at once and displaces a running bulk one.
             loops, lanes = stack.enter_context(
                 step_pool(step_executors(executor, specs, config.spec), cap, reserved=cap)
             )
-        except BaseException:
-            stack.close()
-            raise
-        return cls(loops[0].device_class, lanes, stack, loops)
+            return cls(loops[0].device_class, lanes, stack.pop_all(), loops)
 
     def close(self) -> None:
         """End the pool's workers or the step loop (nothing for the service's own executor)."""
