@@ -68,6 +68,8 @@ def start(
         f"max_queue_delay_s = {args.max_queue_delay}",
         f"max_queue_per_key = {args.queue}",
     ]
+    if args.deadline_reserve is not None:
+        lines.append(f"deadline_reserve_s = {args.deadline_reserve}")
     if args.model:
         lines.append(f'model = "{args.model}"')
     if args.scorer:
@@ -185,6 +187,7 @@ def measure(
                     "admitted_share": len(ok) / len(outs) if outs else math.nan,
                     "p50_s": pct([o.latency for o in ok], 50),
                     "p99_s": pct([o.latency for o in ok], 99),
+                    "max_s": max((o.latency for o in ok), default=math.nan),
                     "missed_deadline_share": (
                         sum(o.latency > args.deadline for o in ok) / len(ok) if ok else math.nan
                     ),
@@ -211,6 +214,11 @@ def main() -> None:
     ap.add_argument("--max-batch-size", type=int, default=8)
     ap.add_argument("--max-queue-delay", type=float, default=0.1)
     ap.add_argument("--queue", type=int, default=512)
+    ap.add_argument(
+        "--deadline-reserve",
+        type=float,
+        help="the service's deadline_reserve_s (default: the service's own)",
+    )
     ap.add_argument("--model")
     ap.add_argument("--scorer")
     ap.add_argument("--steps", type=int)
@@ -253,15 +261,15 @@ def main() -> None:
         f"deadline {args.deadline} s, {args.duration} s per load, {os.cpu_count()} CPU cores"
     )
     print(
-        "| threads | load | offered/s | sent | served/s | admitted | p50 s | p99 s "
+        "| threads | load | offered/s | sent | served/s | admitted | p50 s | p99 s | max s "
         "| missed deadline | refusals | peak RSS MiB | load average |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['threads']} | {r['load']}x | {r['offered_per_s']:.2f} | {r['sent']} | "
             f"{r['served_per_s']:.2f} | {r['admitted_share']:.1%} | {r['p50_s']:.2f} | "
-            f"{r['p99_s']:.2f} | {r['missed_deadline_share']:.1%} | "
+            f"{r['p99_s']:.2f} | {r['max_s']:.2f} | {r['missed_deadline_share']:.1%} | "
             f"{', '.join(r['refusals']) or '-'} | {r['peak_rss_mib']:.0f} | "
             f"{r['loadavg'][0]:.1f}-{r['loadavg'][1]:.1f} |"
         )

@@ -12,12 +12,14 @@ from hypothesis import strategies as st
 from renderq.core.admission import (
     MIN_FINISHED,
     MISS_SHARE,
+    AdmissionConfig,
     RenderCounts,
     RenderStats,
     independent_renders,
     independent_retries,
 )
 from renderq.core.cost import LatencyCurve, StageCost
+from renderq.core.errors import ConfigError
 from renderq.core.policies import Dynamic
 from renderq.core.qa import QAPolicy
 from renderq.core.scheduler import Scheduler
@@ -143,3 +145,29 @@ def test_independent_failures_give_the_truncated_geometric() -> None:
     assert independent_retries(0.05, 2) == 1  # 5% fail once, 0.25% twice
     assert independent_retries(0.2, 2) == 2  # 4% would still fail after one retry
     assert independent_retries(0.0, 2) == 0
+
+
+def test_the_deadline_reserve_refuses_work_that_would_finish_inside_it() -> None:
+    def served(reserve: float) -> tuple[Scheduler, float]:
+        s = Scheduler(
+            Dynamic(0.0, 4),
+            qa=QAPolicy(0.5, max_attempts=3),
+            cost=lambda k: COST,
+            admission=AdmissionConfig(deadline_reserve_s=reserve),
+        )
+        for i in range(300):  # measured: no retries to price, a 1 s render alone
+            s.submit(req(i), 0.0)
+        return s, drain(s, 0.0)
+
+    s, now = served(0.0)
+    assert s.submit(req(1000, deadline=now + 1.4), now).admitted
+    s, now = served(0.5)
+    # 1 s of render fits 1.4 s, not 1.4 s less the 0.5 s kept for the answer's way back.
+    verdict = s.submit(req(1000, deadline=now + 1.4), now)
+    assert not verdict.admitted and verdict.reason == "deadline"
+    assert "reserve of 0.50s" in verdict.detail and verdict.retry_after_s == 1
+    assert s.submit(req(1001, deadline=now + 1.6), now).admitted
+    short = s.submit(req(1002, deadline=now + 0.4), now)  # nothing left after the reserve
+    assert not short.admitted and "leaves no time" in short.detail
+    with pytest.raises(ConfigError, match=r"deadline_reserve_s must be >= 0, got -0\.1"):
+        AdmissionConfig(deadline_reserve_s=-0.1)

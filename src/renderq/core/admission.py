@@ -214,16 +214,25 @@ def independent_retries(fail: float, budget: int, miss_share: float = MISS_SHARE
 
 @dataclass(frozen=True, slots=True)
 class AdmissionConfig:
-    """Limits for admission. ``None`` disables the corresponding check."""
+    """Limits for admission. ``None`` disables the corresponding check.
+
+    ``deadline_reserve_s`` is kept back from every deadline: the time an answer takes to
+    reach its caller after its last batch (encoding, the HTTP way back, a busy event loop),
+    which the cost model does not see. A request is admitted only if it is expected to
+    finish that long before its deadline.
+    """
 
     max_queue_per_key: int | None = None
     workers_per_device: int = 1
+    deadline_reserve_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_queue_per_key is not None and self.max_queue_per_key < 1:
             raise ConfigError(f"max_queue_per_key must be >= 1, got {self.max_queue_per_key}")
         if self.workers_per_device < 1:
             raise ConfigError(f"workers_per_device must be >= 1, got {self.workers_per_device}")
+        if not 0.0 <= self.deadline_reserve_s < math.inf:
+            raise ConfigError(f"deadline_reserve_s must be >= 0, got {self.deadline_reserve_s}")
 
 
 def expected_finish(
@@ -279,8 +288,16 @@ def admit(
             False, "queue_full", f"{queued} requests already queued for this key (limit {limit})"
         )
     if deadline is not None:
+        reserve = config.deadline_reserve_s
         if deadline <= now:
             return Admission(False, "deadline", f"deadline {deadline:.3f} is already past")
+        if deadline - reserve <= now:
+            return Admission(
+                False,
+                "deadline",
+                f"deadline in {deadline - now:.2f}s leaves no time before the answer's "
+                f"reserve of {reserve:.2f}s",
+            )
         if latency is not None:
             finish = expected_finish(
                 now,
@@ -293,13 +310,14 @@ def admit(
                 retries=retries,
                 setup_s=setup_s,
             )
-            if finish > deadline:
+            if finish > deadline - reserve:
                 wait = finish - now
                 return Admission(
                     False,
                     "deadline",
                     f"expected to finish in {wait:.2f}s, after the deadline in "
-                    f"{deadline - now:.2f}s",
-                    retry_after_s=max(0.0, math.ceil(wait - (deadline - now))),
+                    f"{deadline - now:.2f}s"
+                    + (f" less the answer's reserve of {reserve:.2f}s" if reserve else ""),
+                    retry_after_s=max(0.0, math.ceil(wait + reserve - (deadline - now))),
                 )
     return Admission(True)

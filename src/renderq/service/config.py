@@ -28,6 +28,7 @@ A config file looks like::
 
     [limits]
     max_body_bytes = 8388608
+    deadline_reserve_s = 0.5  # kept back from a request's deadline for the answer's way back
 
     [lora]               # adapters a request or a job may name ("lora": "ink@0.8")
     ink = "/loras/ink"   # a folder or hub id, loaded once at start
@@ -80,6 +81,7 @@ class ServiceConfig:
     tenant_max_queued: int | None = None
     admin_tenants: tuple[str, ...] = ()
     max_body_bytes: int = 8 * 1024 * 1024
+    deadline_reserve_s: float = 0.5
     threads: int = 0
     devices: str = ""
     backend: str = "local"
@@ -121,6 +123,10 @@ class ServiceConfig:
                 raise ConfigError("devices 'auto' reads a Ray cluster's devices: backend 'ray'")
         if self.max_body_bytes < 1:
             raise ConfigError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
+        if not 0 <= self.deadline_reserve_s < 3600:
+            raise ConfigError(
+                f"deadline_reserve_s must be in [0, 3600) seconds, got {self.deadline_reserve_s}"
+            )
         if self.profile is not None:
             # Admission prices requests from the warm-up's own measured curve, corrected by
             # the latency it observes; a profile file is not read, so taking one would lie.

@@ -102,7 +102,9 @@ class RenderService:
                 loops[0].beside(scorer) if loops else scorer,
                 self,
                 cost=lambda key: scaled_cost(priced, key, defaults),
-                admission=AdmissionConfig(self.config.max_queue_per_key, n),
+                admission=AdmissionConfig(
+                    self.config.max_queue_per_key, n, self.config.deadline_reserve_s
+                ),
                 share_device=False if loops else None,  # a loop takes turns with the scorer
                 reserve=Reserve(cap * n, INTERACTIVE_PRIORITY) if loops else None,
             )
