@@ -10,7 +10,15 @@ from typing import Any
 
 import pytest
 
-from renderq.bench.fidelity import Calibration, Fidelity, calibrated_profile, replay, speed_trace
+from renderq.backends.step_loop import StepTrace
+from renderq.bench.fidelity import (
+    Calibration,
+    Fidelity,
+    calibrated_profile,
+    replay,
+    speed_trace,
+    step_speed_trace,
+)
 from renderq.bench.harness import Scenario
 from renderq.bench.real import RealBench, Recording
 from renderq.bench.report import fidelity_table
@@ -104,6 +112,19 @@ def test_the_speed_trace_is_each_batch_over_its_sizes_median_by_start_time() -> 
     assert [f for _, f in speed_trace(rec, window=3)] == pytest.approx([1, 1, 1, 1.2, 1.35])
     with pytest.raises(ConfigError, match="speed window must be >= 1 batch, got 0"):
         speed_trace(rec, window=0)
+
+
+def test_a_step_loops_speed_is_each_step_over_its_running_sizes_median() -> None:
+    trace = StepTrace(
+        steps=[(2, 0.1), (2, 0.1), (4, 0.2), (2, 0.2), (4, 0.4)],
+        started=[0.0, 0.1, 0.2, 0.4, 0.6],
+    )
+    # Medians: 2 -> 0.1, 4 -> 0.3.
+    got = step_speed_trace(trace, window=1)
+    assert [t for t, _ in got] == [0.0, 0.1, 0.2, 0.4, 0.6]
+    assert [f for _, f in got] == pytest.approx([1.0, 1.0, 2 / 3, 2.0, 4 / 3])
+    # A trace without step times (a loop that did not record them) gives no speed.
+    assert step_speed_trace(StepTrace(steps=[(1, 0.1)]), window=1) == ()
 
 
 def test_the_default_trace_drops_a_lone_slow_batch_but_keeps_a_slow_spell() -> None:

@@ -178,6 +178,20 @@ def test_a_request_alone_in_step_mode_takes_its_steps() -> None:
     assert result.ledger.seconds["render"] == pytest.approx(0.01 + steps * 0.05)
 
 
+def test_a_replayed_speed_trace_slows_the_steps_run_in_a_slow_spell() -> None:
+    from renderq.core.policies import StepSlots
+    from renderq.runtime.arrivals import Arrival
+
+    cost = StepCost(LatencyCurve((1, 8), (0.05, 0.2)), prepare_s=0.01)
+    steps = load_profile("mini-sd-cpu").steps
+    # Twice as slow from between the 4th step's start (0.16 s) and the 5th's (0.21 s) on:
+    # 4 steps at 0.05 s, the rest at 0.1 s.
+    spell = ((0.0, 1.0), (0.185, 2.0))
+    result = _sim(StepSlots(8), (Arrival(0.0),), cost, failure_rate=0.0, speed=spell)
+    assert result.batch_sizes == (1,) * steps
+    assert result.ledger.seconds["render"] == pytest.approx(0.01 + 4 * 0.05 + (steps - 4) * 0.1)
+
+
 def test_step_mode_on_two_devices_runs_a_loop_on_each() -> None:
     from renderq.core.policies import StepSlots
     from renderq.runtime.arrivals import Arrival

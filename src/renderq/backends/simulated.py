@@ -18,6 +18,14 @@ def _check_fraction(name: str, value: float) -> None:
         raise ConfigError(f"{name} must be in [0, 1], got {value}")
 
 
+def speed_at(speed: Sequence[tuple[float, float]], times: Sequence[float], t: float) -> float:
+    """A speed trace's factor at ``t``: its last step's at or before ``t`` (the first step's
+    before it; 1 without a trace). ``times``: the trace's times, for the search."""
+    if not speed:
+        return 1.0
+    return speed[max(0, bisect.bisect_right(times, t) - 1)][1]
+
+
 def check_speed(speed: Sequence[tuple[float, float]]) -> None:
     """A speed trace's times must be finite and ascending, its factors finite and > 0."""
     last = -math.inf
@@ -61,10 +69,7 @@ class SimulatedExecutor:
 
     def slowdown(self, t: float) -> float:
         """The speed trace's factor at time ``t`` (1 without a trace)."""
-        if not self.speed:
-            return 1.0
-        i = max(0, bisect.bisect_right(self._times, t) - 1)
-        return self.speed[i][1]
+        return speed_at(self.speed, self._times, t)
 
     def run(self, batch: Batch) -> BatchResult:
         """Every item renders (its image is the request id); time comes from the cost model."""

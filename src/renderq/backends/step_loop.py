@@ -52,12 +52,14 @@ class StepTrace:
     """What a step loop's device did, in order: for reports and for a simulator's costs.
 
     ``steps``: ``(running batch size, seconds)`` of every step; ``prepares``: seconds of
-    every request's prepare; ``decodes``: ``(requests, seconds)`` of every decode batch.
+    every request's prepare; ``decodes``: ``(requests, seconds)`` of every decode batch;
+    ``started``: when each step began, on the loop's clock.
     """
 
     steps: list[tuple[int, float]] = field(default_factory=list)
     prepares: list[float] = field(default_factory=list)
     decodes: list[tuple[int, float]] = field(default_factory=list)
+    started: list[float] = field(default_factory=list)
 
     @classmethod
     def joined(cls, traces: Sequence[StepTrace]) -> StepTrace:
@@ -66,6 +68,7 @@ class StepTrace:
             [s for t in traces for s in t.steps],
             [p for t in traces for p in t.prepares],
             [d for t in traces for d in t.decodes],
+            [b for t in traces for b in t.started],
         )
 
 
@@ -187,6 +190,7 @@ class StepLoop:
         running = [self._states[rid].state for rid in plan.run]
         if not running:
             return
+        began = self._now()
         try:
             seconds = self.runner.step(running)
         except Exception as exc:
@@ -201,6 +205,7 @@ class StepLoop:
             return
         self.step_sizes.append(len(running))
         self.trace.steps.append((len(running), seconds))
+        self.trace.started.append(began)
         done = [s for s in running if s.done]
         self._batcher.on_step([s.request.id for s in done], seconds, self._now())
         if not done:
@@ -275,7 +280,10 @@ class _Slot:
 
 @contextmanager
 def step_workers(
-    executor: DiffusersExecutor, cap: int, reserved: int = 0
+    executor: DiffusersExecutor,
+    cap: int,
+    reserved: int = 0,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Iterator[tuple[StepLoop, dict[str, list[Executor]]]]:
     """Step mode on a loaded pipeline: its loop and the slots to hand the engine, by class.
 
@@ -283,12 +291,13 @@ def step_workers(
     step executor cannot drive (LCM-style UNets, other families) is refused with a ConfigError.
     ``reserved``: slots beyond the running batch's ``cap``, for the scheduler to keep for
     urgent work (``core.scheduler.Reserve``), so that it can preempt a running request.
+    ``clock``: the loop's (its trace's step times).
     """
     runner = StepExecutor(
         executor.pipeline, executor.model, device=executor.device,
         precision=executor.precision, device_class=executor.device_class,
     )  # fmt: skip
-    loop = StepLoop(runner, cap)
+    loop = StepLoop(runner, cap, clock=clock)
     try:
         yield loop, {loop.device_class: loop.slots(cap + reserved)}
     finally:
@@ -297,16 +306,19 @@ def step_workers(
 
 @contextmanager
 def step_pool(
-    executors: Sequence[DiffusersExecutor], cap: int, reserved: int = 0
+    executors: Sequence[DiffusersExecutor],
+    cap: int,
+    reserved: int = 0,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Iterator[tuple[list[StepLoop], list[Executor]]]:
     """A step loop on each of ``executors`` (one device each, of one class) and all their
     slots, interleaved so that the free ones of every loop are taken in turn: bulk work
     spreads over the loops instead of filling the first. ``cap``, ``reserved``: per loop,
-    as :func:`step_workers`."""
+    and ``clock``, as :func:`step_workers`."""
     with ExitStack() as stack:
         loops, slots = [], []
         for ex in executors:
-            loop, by_class = stack.enter_context(step_workers(ex, cap, reserved))
+            loop, by_class = stack.enter_context(step_workers(ex, cap, reserved, clock))
             loops.append(loop)
             slots.append(by_class[loop.device_class])
         yield loops, [s for group in zip(*slots, strict=True) for s in group]

@@ -8,7 +8,9 @@ from the run itself:
   median, smoothed by a running median over five batches, as a step from when that batch
   started to when the next one did. A simulated batch cut at time t takes its size's
   median times the factor in force at t. A shared or drifting machine has slow spells a
-  profile of medians cannot know; queues, and so the latency tail, grow in them;
+  profile of medians cannot know; queues, and so the latency tail, grow in them. In step
+  mode the trace comes from the loop's steps (each over its running size's median, smoothed
+  over five requests' worth of steps) and scales each simulated step;
 - the engine's hand-off time per batch: the median of how long the engine held a worker
   beyond the batch's device-seconds (the worker picking the batch up, the result coming
   back to the loop), held in the simulation too but not booked.
@@ -26,10 +28,11 @@ whether the simulated p99 falls inside it. With 200 requests the interval has no
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from renderq.backends.step_loop import StepTrace
 from renderq.bench.real import Recording
 from renderq.core.cost import Profile
 from renderq.core.errors import ConfigError
@@ -62,14 +65,34 @@ batch (of whatever size) is cut while it holds."""
 def speed_trace(rec: Recording, window: int = SPEED_WINDOW) -> tuple[tuple[float, float], ...]:
     """``(start, factor)`` per real render batch, by start: the running median (over
     ``window`` batches centred on it) of each batch's seconds over its size's median."""
+    return smoothed_speed(rec.batches, rec.render_started, window)
+
+
+def step_speed_trace(trace: StepTrace, window: int) -> tuple[tuple[float, float], ...]:
+    """The same for a step loop: each step's seconds over its running size's median,
+    smoothed over ``window`` steps (step mode smooths over as many requests' steps as the
+    whole-batch trace smooths batches). Empty for a trace without step times."""
+    if len(trace.started) != len(trace.steps):
+        return ()
+    return smoothed_speed(trace.steps, trace.started, window)
+
+
+def smoothed_speed(
+    work: Sequence[tuple[Hashable, float]], starts: Sequence[float], window: int
+) -> tuple[tuple[float, float], ...]:
+    """``(start, factor)`` per piece of ``work`` (``(kind, seconds)``, begun at ``starts``),
+    by start: the running median over ``window`` pieces of its seconds over its kind's."""
     if window < 1:
         raise ConfigError(f"the speed window must be >= 1 batch, got {window}")
-    medians = {int(n): s for n, s in _points(rec.batches)}
-    order = sorted(range(len(rec.batches)), key=lambda i: rec.render_started[i])
-    raw = [max(rec.batches[i][1], 1e-9) / medians[rec.batches[i][0]] for i in order]
+    by: dict[Hashable, list[float]] = {}
+    for kind, secs in work:
+        by.setdefault(kind, []).append(max(secs, 1e-9))
+    medians = {kind: statistics.median(v) for kind, v in by.items()}
+    order = sorted(range(len(work)), key=lambda i: starts[i])
+    raw = [max(work[i][1], 1e-9) / medians[work[i][0]] for i in order]
     half = window // 2
     return tuple(
-        (rec.render_started[i], statistics.median(raw[max(0, k - half) : k + half + 1]))
+        (starts[i], statistics.median(raw[max(0, k - half) : k + half + 1]))
         for k, i in enumerate(order)
     )
 

@@ -241,7 +241,7 @@ class RealBench:
                     raise ConfigError("step mode with --devices needs a pipeline per device")
                 pipelines = self.step_pipelines or [pipeline_of(self.executor)]
                 loops, lanes = stack.enter_context(
-                    step_pool(pipelines, policy.max_batch_size or 16)
+                    step_pool(pipelines, policy.max_batch_size or 16, clock=clock)
                 )
                 executors = {loops[0].device_class: lanes}
                 turns = loops[0].beside(scorer)  # scoring at the first loop's step boundaries
@@ -280,9 +280,12 @@ class RealBench:
                 feeder.join()
             if isinstance(executor, _Interleaved):
                 executor.close_stretch()
-            if loops:  # every loop's steps (one loop's after another's)
-                rec.step_trace = StepTrace.joined([loop.trace for loop in loops])
-                rec.step_sizes = [n for n, _ in rec.step_trace.steps]
+            if loops:  # every loop's steps (one loop's after another's), on the run's clock
+                trace = StepTrace.joined([loop.trace for loop in loops])
+                t0 = clock() - engine.now()
+                trace.started = [t - t0 for t in trace.started]
+                rec.step_trace = trace
+                rec.step_sizes = [n for n, _ in trace.steps]
         self.last = rec
         return self._result(policy, sched, rec)
 

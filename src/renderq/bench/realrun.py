@@ -8,7 +8,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from renderq.backends.registry import model_defaults, resolve, scorer_default_threshold
-from renderq.bench.fidelity import Calibration, Fidelity, calibrated_profile, replay
+from renderq.bench.fidelity import (
+    Calibration,
+    Fidelity,
+    calibrated_profile,
+    replay,
+    step_speed_trace,
+)
 from renderq.bench.harness import (
     REFERENCE_EVERY,
     Limit,
@@ -208,8 +214,9 @@ def _one_mode(
         )
         # A scorer that takes turns with the loop waits for its next step boundary, which
         # the simulated loop models itself: that wait is no hand-off either.
+        # The machine's speed over the run is read from the loop's steps, as the drift is.
         score_s = 0.0 if rec.shared_device else calibration.score_overhead_s
-        calibration = Calibration(score_overhead_s=score_s)
+        calibration = Calibration(score_overhead_s=score_s, speed=step_speed_trace(trace, window))
     sims = [
         replay(
             policy,

@@ -73,7 +73,8 @@ class SimConfig:
     render_overhead_s: float = 0.0
     score_overhead_s: float = 0.0
     #: The machine's speed over the run, ``(t, factor)`` steps scaling each render batch
-    #: by when it is cut (see SimulatedExecutor); a replayed run's own, or none.
+    #: by when it is cut (see SimulatedExecutor), in step mode each step by when it runs;
+    #: a replayed run's own, or none.
     speed: tuple[tuple[float, float], ...] = ()
     #: Keys of equal priority share the device by device time (``core.fairness``);
     #: False: oldest head first across keys.
@@ -302,7 +303,10 @@ def _step_loops(policy: Policy, cfg: SimConfig) -> list[VirtualStepLoop]:
     cost, capped by the policy's batch."""
     cost = cfg.step_cost or StepCost.from_profile(cfg.profile)
     cap = min(policy.max_batch_size or cost.cap, cost.cap)
-    return [VirtualStepLoop(cost, cap, cfg.profile.device_class) for _ in range(cfg.render_workers)]
+    return [
+        VirtualStepLoop(cost, cap, cfg.profile.device_class, cfg.speed)
+        for _ in range(cfg.render_workers)
+    ]
 
 
 @dataclass(slots=True)

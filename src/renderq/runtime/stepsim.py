@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from renderq.backends.simulated import check_speed, speed_at
 from renderq.core.errors import ConfigError, Stalled
 from renderq.core.stats import percentile
 from renderq.core.step import StepBatcher, StepCost, StepRunner
@@ -214,6 +215,9 @@ class VirtualStepLoop:
     cost: StepCost
     cap: int
     device_class: str
+    #: The machine's speed over a replayed run, ``(t, factor)``: a step run at ``t`` takes
+    #: ``factor`` times its cost (see ``SimConfig.speed``).
+    speed: Sequence[tuple[float, float]] = ()
     batcher: StepBatcher = field(init=False)
     step_sizes: list[int] = field(default_factory=list)
     _remaining: dict[str, int] = field(default_factory=dict)
@@ -225,12 +229,15 @@ class VirtualStepLoop:
     #: when the device is free of the last one scored while the loop was idle.
     _scores: list[tuple[float, Any]] = field(default_factory=list)
     _free_at: float = 0.0
+    _times: list[float] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.cap <= self.cost.cap:
             raise ConfigError(
                 f"step cap must be from 1 to {self.cost.cap} (the step cost model), got {self.cap}"
             )
+        check_speed(self.speed)
+        self._times = [t for t, _ in self.speed]
         self.batcher = StepBatcher(cap=self.cap)
 
     @property
@@ -273,7 +280,7 @@ class VirtualStepLoop:
         for r in plan.join:
             self._spent[r.id] += self.cost.prepare_s
         prepare = self.cost.prepare_s * len(plan.join)
-        step = self.cost.step.latency(len(plan.run))
+        step = self.cost.step.latency(len(plan.run)) * speed_at(self.speed, self._times, now)
         self.step_sizes.append(len(plan.run))
         for rid in plan.run:
             self._remaining[rid] -= 1
