@@ -149,7 +149,7 @@ def test_a_profile_setting_is_refused_as_the_service_does_not_read_one(tmp_path:
 
 def test_the_deadline_reserve_is_read_from_limits_and_a_bad_one_named(tmp_path: Path) -> None:
     cfg = tmp_path / "renderq.toml"
-    assert ServiceConfig().deadline_reserve_s == 0.5
+    assert ServiceConfig().deadline_reserve_s == 0.0
     cfg.write_text('model = "null"\n[limits]\ndeadline_reserve_s = 0.25\n')
     assert load_config(cfg, env={}).deadline_reserve_s == 0.25
     cfg.write_text('model = "null"\n[limits]\ndeadline_reserve_s = -1\n')

@@ -28,7 +28,7 @@ A config file looks like::
 
     [limits]
     max_body_bytes = 8388608
-    deadline_reserve_s = 0.5  # kept back from a request's deadline for the answer's way back
+    deadline_reserve_s = 0.0  # seconds kept back from each deadline for the answer
 
     [lora]               # adapters a request or a job may name ("lora": "ink@0.8")
     ink = "/loras/ink"   # a folder or hub id, loaded once at start
@@ -81,7 +81,7 @@ class ServiceConfig:
     tenant_max_queued: int | None = None
     admin_tenants: tuple[str, ...] = ()
     max_body_bytes: int = 8 * 1024 * 1024
-    deadline_reserve_s: float = 0.5
+    deadline_reserve_s: float = 0.0
     threads: int = 0
     devices: str = ""
     backend: str = "local"
