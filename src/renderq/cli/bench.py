@@ -48,7 +48,7 @@ def _step_mix(text: str | None) -> tuple[int, ...]:
         raise ConfigError(f"--step-mix takes step counts like 10,20,30, got {text!r}") from None
 
 
-def _pool_specs(devices: str | None, modes: str) -> list[Any]:
+def _pool_specs(devices: str | None) -> list[Any]:
     """The workers ``--devices`` names (none without it), checked before anything loads."""
     if not devices:
         return []
@@ -156,10 +156,11 @@ def bench_command(
         bench = None
         gate = QASettings(threshold, max_attempts, enabled=qa)
         batching = Batching(max_batch_size=max_batch_size, max_queue_delay_s=max_queue_delay)
+        policies = make_policies(modes, batching, windows)  # a bad mode is named before loading
         if executor == "real":
             from renderq.bench.realrun import RealSettings, check_real_options, load_bench
 
-            pool = _pool_specs(devices, modes)
+            pool = _pool_specs(devices)
             if threads < 0:
                 raise ConfigError(f"--threads must be >= 0, got {threads}")
             if device == "cpu" or threads > 0:
@@ -179,7 +180,7 @@ def bench_command(
                 started = start_pool(spec, pool)
                 stack.callback(started.close)
                 [bench.pool] = started.executors().values()
-                if "step" in [m.strip() for m in modes.split(",")]:
+                if "step" in policies:
                     from renderq.backends.step_loop import step_executors
                     from renderq.bench.real import pipeline_of
 
@@ -196,7 +197,6 @@ def bench_command(
             share = load if load is not None else 0.5
             rate = capacity_rate(limit, share) * (bench.workers if bench is not None else 1)
         scen = Scenario(scenario, requests, rate, p99_bound, seed, _step_mix(step_mix))
-        policies = make_policies(modes, batching, windows)
         if bench is not None:
             from renderq.bench.realrun import run_real
 
