@@ -192,6 +192,21 @@ def test_a_replayed_speed_trace_slows_the_steps_run_in_a_slow_spell() -> None:
     assert result.ledger.seconds["render"] == pytest.approx(0.01 + 4 * 0.05 + (steps - 4) * 0.1)
 
 
+def test_a_finished_request_is_scored_after_the_step_the_loop_starts_meanwhile() -> None:
+    from renderq.core.policies import StepSlots
+    from renderq.runtime.arrivals import Arrival
+
+    # A (10 steps) and B (20) start together at 0.04 s a step. A's last step ends at 0.4 s;
+    # the loop goes on with B at once, as a real loop does (it does not wait for the
+    # engine to hear of A), so A's score (on the loop's device) runs after step 11.
+    cost = StepCost(LatencyCurve((1, 8), (0.04, 0.04)))
+    trace = (Arrival(0.0, steps=10), Arrival(0.0, steps=20))
+    result = _sim(StepSlots(8), trace, cost, failure_rate=0.0, share_device=True)
+    score = load_profile("mini-sd-cpu").score.latency(1)
+    a = dict(zip(result.ids, result.latencies, strict=True))["r0000000"]
+    assert a == pytest.approx(11 * 0.04 + score)
+
+
 def test_step_mode_on_two_devices_runs_a_loop_on_each() -> None:
     from renderq.core.policies import StepSlots
     from renderq.runtime.arrivals import Arrival
