@@ -18,12 +18,12 @@ def _check_fraction(name: str, value: float) -> None:
         raise ConfigError(f"{name} must be in [0, 1], got {value}")
 
 
-def speed_at(speed: Sequence[tuple[float, float]], times: Sequence[float], t: float) -> float:
+def speed_at(speed: Sequence[tuple[float, float]], t: float) -> float:
     """A speed trace's factor at ``t``: its last step's at or before ``t`` (the first step's
-    before it; 1 without a trace). ``times``: the trace's times, for the search."""
+    before it; 1 without a trace)."""
     if not speed:
         return 1.0
-    return speed[max(0, bisect.bisect_right(times, t) - 1)][1]
+    return speed[max(0, bisect.bisect_right(speed, t, key=lambda step: step[0]) - 1)][1]
 
 
 def check_speed(speed: Sequence[tuple[float, float]]) -> None:
@@ -57,7 +57,6 @@ class SimulatedExecutor:
     #: The steps ``cost`` was measured at (0: every batch at ``cost`` as it is); a batch
     #: of another step count takes its steps' share of it.
     steps: int = 0
-    _times: list[float] = field(default_factory=list, init=False, repr=False)
     _adapter: str = field(default="", init=False, repr=False)
     #: Adapter switches made so far.
     switches: int = field(default=0, init=False)
@@ -65,11 +64,10 @@ class SimulatedExecutor:
     def __post_init__(self) -> None:
         _check_fraction("jitter", self.jitter)
         check_speed(self.speed)
-        self._times = [t for t, _ in self.speed]
 
     def slowdown(self, t: float) -> float:
         """The speed trace's factor at time ``t`` (1 without a trace)."""
-        return speed_at(self.speed, self._times, t)
+        return speed_at(self.speed, t)
 
     def run(self, batch: Batch) -> BatchResult:
         """Every item renders (its image is the request id); time comes from the cost model."""

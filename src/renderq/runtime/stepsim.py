@@ -229,7 +229,6 @@ class VirtualStepLoop:
     #: when the device is free of the last one scored while the loop was idle.
     _scores: list[tuple[float, Any]] = field(default_factory=list)
     _free_at: float = 0.0
-    _times: list[float] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.cap <= self.cost.cap:
@@ -237,7 +236,6 @@ class VirtualStepLoop:
                 f"step cap must be from 1 to {self.cost.cap} (the step cost model), got {self.cap}"
             )
         check_speed(self.speed)
-        self._times = [t for t, _ in self.speed]
         self.batcher = StepBatcher(cap=self.cap)
 
     @property
@@ -280,7 +278,7 @@ class VirtualStepLoop:
         for r in plan.join:
             self._spent[r.id] += self.cost.prepare_s
         prepare = self.cost.prepare_s * len(plan.join)
-        step = self.cost.step.latency(len(plan.run)) * speed_at(self.speed, self._times, now)
+        step = self.cost.step.latency(len(plan.run)) * speed_at(self.speed, now)
         self.step_sizes.append(len(plan.run))
         for rid in plan.run:
             self._remaining[rid] -= 1
