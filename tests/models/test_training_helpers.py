@@ -187,7 +187,7 @@ def test_rendered_batch_captions_matched_renders_by_reading_or_by_prompt() -> No
     }
     for mode in ("reading", "prompt"):
         rng = random.Random(3)
-        _, captions, negatives = clip_gate._rendered_batch(data, rng, 40, mode)
+        _, captions, negatives, _ = clip_gate._rendered_batch(data, rng, 40, mode)
         picked = [data["captions"].index(c) if c in data["captions"] else 0 for c in captions]
         for k, caption in enumerate(captions):
             own = negatives[k * clip_gate.NEGATIVES : (k + 1) * clip_gate.NEGATIVES]
@@ -224,3 +224,45 @@ def test_a_render_cache_of_another_two_shape_share_is_refused(tmp_path: Path) ->
     # Its own share reads the cache back, one prompt long, without rendering anything.
     data = clip_gate.render_training_set(tmp_path / "no-pipeline", 1, cache)
     assert data["prompts"] == ["a red circle"] and data["rendered"] == 1
+
+
+def test_gate_pairs_point_at_each_images_prompt_or_negative() -> None:
+    data = {
+        "prompts": ["a red circle", "a small blue square", "a green triangle"],
+        "matched": [True, False, True],
+    }
+    # Two world images, then renders 0, 1, 2; render 2 passed but is captioned by its reading.
+    captions = ["w0", "w1", "a red circle", "a small blue circle", "a large green triangle"]
+    negatives = [f"n{i}" for i in range(len(captions) * clip_gate.NEGATIVES)]
+    negatives[3 * clip_gate.NEGATIVES] = "a small blue square"  # the failed prompt comes first
+    pairs, extra = clip_gate.gate_pairs(data, [0, 1, 2], captions, 2)
+    text = captions + negatives + extra
+    assert extra == ["a green triangle"]
+    got = {(row, text[column], good, group) for row, column, good, group in pairs}
+    assert got == {
+        (0, "w0", True, 0),
+        (1, "w1", True, 0),
+        (0, "n0", False, 0),
+        (1, f"n{clip_gate.NEGATIVES}", False, 0),
+        (2, "a red circle", True, 1),
+        (3, "a small blue square", False, 1),
+        (4, "a green triangle", True, 1),
+    }
+
+
+def test_gate_loss_counts_bad_pairs_above_good_ones_within_a_group() -> None:
+    torch = pytest.importorskip("torch")
+    good = torch.tensor([True, False, True, False])
+    ordered = torch.tensor([0.8, 0.6, 0.7, 0.5])
+    swapped = torch.tensor([0.6, 0.8, 0.5, 0.7])
+    one_group = torch.zeros(4, dtype=torch.long)
+    low = clip_gate.gate_loss(ordered, good, one_group)
+    high = clip_gate.gate_loss(swapped, good, one_group)
+    assert float(low) < 0.01 < 5 < float(high)
+    # A bad world pair above a good render is no fault: they are never compared.
+    scores = torch.tensor([0.95, 0.75, 0.7, 0.3])
+    apart = clip_gate.gate_loss(scores, good, torch.tensor([0, 0, 1, 1]))
+    together = clip_gate.gate_loss(scores, good, one_group)
+    assert float(apart) < 0.01 < 0.5 < float(together)
+    none_good = clip_gate.gate_loss(ordered, torch.zeros(4, dtype=torch.bool), one_group)
+    assert float(none_good) == 0.0

@@ -100,6 +100,7 @@ def _train_gate(args: argparse.Namespace, checkpoints: Path) -> None:
         rendered_share=args.rendered_share,
         two_shape_share=0.3 if args.two_shape_share is None else args.two_shape_share,
         matched_caption=args.matched_caption,
+        gate_weight=args.gate_weight,
         resume=not args.fresh,
         **({} if args.lr is None else {"lr": args.lr}),
         **({} if args.render_lr is None else {"render_lr": args.render_lr}),
@@ -172,6 +173,12 @@ def main(argv: list[str] | None = None) -> None:
         choices=["reading", "prompt"],
         default="reading",
         help="caption of a render that shows its prompt's subject (clip-gate)",
+    )
+    train.add_argument(
+        "--gate-weight",
+        type=float,
+        default=0.0,
+        help="weight of the ranking loss on (image, prompt) scores across images (clip-gate)",
     )
     train.add_argument(
         "--render-steps", type=int, default=None, help="steps with renders (clip-gate)"

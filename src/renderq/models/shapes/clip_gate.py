@@ -56,6 +56,9 @@ RENDER_SEED_BASE = 10_000_000
 NEGATIVES = 6
 """Hard negatives per image."""
 
+GATE_SCALE = 50.0
+"""Sharpness of :func:`gate_loss`: a bad pair scoring 0.02 above a good one costs softplus(1)."""
+
 SMALL_MAX_HALF_EXTENT = oracle.SMALL_MAX_HALF_EXTENT
 """Half-extents above this read as "large" (the world draws small 7-9, large 13-16)."""
 
@@ -258,8 +261,8 @@ def render_training_set(
 
 def _rendered_batch(
     data: dict[str, Any], rng: random.Random, n: int, matched_caption: str = "reading"
-) -> tuple[list[np.ndarray], list[str], list[str]]:
-    """``n`` cached renders with their captions and hard negatives.
+) -> tuple[list[np.ndarray], list[str], list[str], list[int]]:
+    """``n`` cached renders with their captions, hard negatives and indices in ``data``.
 
     A render's caption is what the oracle reads in it; with ``matched_caption="prompt"``, a
     render that shows its prompt's subject is captioned by its prompt instead (the gate's
@@ -268,7 +271,8 @@ def _rendered_batch(
     if matched_caption not in ("reading", "prompt"):
         raise ValueError(f"matched_caption must be reading or prompt, got {matched_caption!r}")
     images, captions, negatives = [], [], []
-    for i in (rng.randrange(len(data["prompts"])) for _ in range(n)):
+    picked = [rng.randrange(len(data["prompts"])) for _ in range(n)]
+    for i in picked:
         caption = data["captions"][i]
         if matched_caption == "prompt" and data["matched"][i]:
             caption = data["prompts"][i]
@@ -277,7 +281,56 @@ def _rendered_batch(
         images.append(data["images"][i])
         captions.append(caption)
         negatives += negatives_for(scene, rng, extra, form_of(caption))
-    return images, captions, negatives
+    return images, captions, negatives, picked
+
+
+def gate_loss(scores: Any, good: Any, groups: Any) -> Any:
+    """A smooth count of bad (image, prompt) pairs scoring above good ones: 1 - AUC, softened.
+
+    The contrastive loss ranks captions *for one image*; the gate compares one threshold
+    with the scores of *every* image against its own prompt, so a bad render must score
+    below a good render of another prompt too. ``scores`` are cosines, ``good`` says which
+    pairs pass the oracle, and pairs are compared only within their ``groups`` value
+    (renders with renders, world images with world images).
+    """
+    import torch.nn.functional as F
+
+    losses = []
+    for group in groups.unique():
+        here = groups == group
+        pos, neg = scores[here & good], scores[here & ~good]
+        if len(pos) and len(neg):
+            losses.append(F.softplus(GATE_SCALE * (neg[None, :] - pos[:, None])).mean())
+    return sum(losses) / len(losses) if losses else scores.sum() * 0
+
+
+def gate_pairs(
+    data: dict[str, Any], picked: list[int], captions: list[str], n_world: int
+) -> tuple[list[tuple[int, int, bool, int]], list[str]]:
+    """The batch's (image, text column, good, group) pairs for :func:`gate_loss`.
+
+    The batch holds ``n_world`` world images, then the renders ``picked`` from ``data``,
+    captioned by ``captions`` (all of the batch's); its text is the captions, then
+    ``NEGATIVES`` per image. A world image pairs with its caption (good) and its first
+    negative (bad; for two shapes a swap between them); a render with its prompt, good
+    when the oracle passed it. A prompt the batch's text lacks (a passed render captioned
+    by its reading) is returned to be appended to the text.
+    """
+    size = len(captions)
+    pairs = [(w, w, True, 0) for w in range(n_world)]
+    pairs += [(w, size + w * NEGATIVES, False, 0) for w in range(n_world)]
+    extra: list[str] = []
+    for r, i in enumerate(picked):
+        row, prompt, good = n_world + r, data["prompts"][i], bool(data["matched"][i])
+        if not good:  # its prompt is its first negative
+            column = size + row * NEGATIVES
+        elif captions[row] == prompt:
+            column = row
+        else:
+            column = size * (1 + NEGATIVES) + len(extra)
+            extra.append(prompt)
+        pairs.append((row, column, good, 1))
+    return pairs, extra
 
 
 def train_clip_gate(
@@ -293,6 +346,7 @@ def train_clip_gate(
     render_lr: float = 3e-4,
     two_shape_share: float = 0.3,
     matched_caption: str = "reading",
+    gate_weight: float = 0.0,
     resume: bool = True,
     checkpoint_every: int = 50,
 ) -> Path:
@@ -303,6 +357,7 @@ def train_clip_gate(
     ``render_steps`` with ``rendered_share`` of each batch rendered teach the generated look
     and its failures (a second, lower schedule from ``render_lr``). ``two_shape_share`` of
     the world images hold two shapes; ``matched_caption`` as in :func:`_rendered_batch`.
+    ``gate_weight`` adds :func:`gate_loss` on the batch's :func:`gate_pairs`, that much of it.
     """
     import torch
     from transformers import CLIPModel
@@ -329,7 +384,7 @@ def train_clip_gate(
         scenes = world.sample_batch(rng, batch_size - n_rendered, two_shape_share)
         # World images stay sharp here: the renders bring the soft, generated look.
         world_images = common.images_to_tensor([world.render(s) for s in scenes])
-        r_images, r_captions, r_negatives = _rendered_batch(
+        r_images, r_captions, r_negatives, picked = _rendered_batch(
             renders, rng, n_rendered, matched_caption
         )
         images = torch.cat(
@@ -342,8 +397,9 @@ def train_clip_gate(
         negatives = [
             c for s, f in zip(scenes, forms, strict=True) for c in negatives_for(s, rng, [], f)
         ] + r_negatives
+        pairs, extra = gate_pairs(renders, picked, captions, len(scenes))
         text = tok(
-            captions + negatives,
+            captions + negatives + (extra if gate_weight else []),
             padding="max_length",
             max_length=tokenizer.MAX_LENGTH,
             return_tensors="pt",
@@ -357,7 +413,11 @@ def train_clip_gate(
         out = model(
             input_ids=text["input_ids"], attention_mask=text["attention_mask"], pixel_values=images
         )
-        loss = hard_negative_loss(out.logits_per_image)
+        loss = hard_negative_loss(out.logits_per_image[:, : len(captions) + len(negatives)])
+        if gate_weight:
+            rows, columns, good, groups = (torch.tensor(v) for v in zip(*pairs, strict=True))
+            scores = (out.image_embeds[rows] * out.text_embeds[columns]).sum(-1)
+            loss = loss + gate_weight * gate_loss(scores, good, groups)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
