@@ -371,6 +371,27 @@ def test_admission_learns_the_observed_latency_of_the_device() -> None:
     assert s.submit(req(4, deadline=4.0 + 3.5), 4.0).admitted
 
 
+def test_the_latency_scale_counts_the_gap_before_a_batch_that_work_waited_for() -> None:
+    cost = StageCost(LatencyCurve((1, 4), (1.0, 1.0)))
+    s = Scheduler(Dynamic(0.0, 1), qa=QAPolicy(max_attempts=1), cost=lambda k: cost)
+    for i in range(2):
+        s.submit(req(i), 0.0)
+    [b] = s.schedule(0.0, {"gpu0": 1})
+    s.on_result(ok(b.id, list(b.requests)), 1.0)  # on the curve; r1 was waiting meanwhile
+    assert s.latency_scale("gpu0") == pytest.approx(1.0)
+    # The shell cuts the next batch only 0.5 s later (a scorer's turn, a busy loop): a
+    # full queue moves at 1.5 s a batch, and the scale says so.
+    [b] = s.schedule(1.5, {"gpu0": 1})
+    s.on_result(ok(b.id, list(b.requests)), 2.5)
+    assert s.latency_scale("gpu0") == pytest.approx(1.0 + 0.2 * (1.5 - 1.0))
+    # Nothing waited when that batch came back: the idle time before the next arrival is
+    # no gap of the device's, and the batch is measured from its cut.
+    s.submit(req(2), 4.0)
+    [b] = s.schedule(4.0, {"gpu0": 1})
+    s.on_result(ok(b.id, list(b.requests)), 5.0)
+    assert s.latency_scale("gpu0") == pytest.approx(1.1 + 0.2 * (1.0 - 1.1))
+
+
 def test_windowed_requests_form_their_own_lane_of_the_key() -> None:
     windows = Windows(explicit=((10.0, 20.0),))
     s = Scheduler(Dynamic(0.5, 4))

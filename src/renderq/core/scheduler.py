@@ -46,6 +46,9 @@ from renderq.core.types import (
 )
 
 _S = RequestState
+
+FREED_KEPT = 16
+"""Render results remembered per device class, to find the one that freed a batch's worker."""
 _ADMITTED = Admission(True)
 CostLookup = Callable[[BatchKey], StageCost | None]
 _Lane = tuple[BatchKey, Windows | None]
@@ -154,6 +157,8 @@ class Scheduler:
         self._renders = RenderStats()
         self._latency_scale: dict[str, LatencyScale] = {}
         self._measured: set[str] = set()  # device classes a render batch came back from
+        # Per device class, the last render results: (time, whether work was queued then).
+        self._freed: dict[str, deque[tuple[float, bool]]] = {}
         self._fair: FairShare[_Lane] | None = FairShare() if fair_share else None
         # The adapter of the last render batch cut per device class (what its worker
         # holds), and the classes that have run an adapter at all.
@@ -217,7 +222,8 @@ class Scheduler:
         """Observed over predicted render latency on a device class (1.0 until a batch returns).
 
         A moving average (``core.admission.LatencyScale``) of the wall time from cut to
-        result over what the cost model predicts for that batch size. Admission multiplies
+        result (from the result before it, when work waited then) over what the cost
+        model predicts for that batch size. Admission multiplies
         its estimate by it (plus ``SCALE_Z`` of its spread), so a device slower under load
         than when its curve was measured is priced as it is now.
         """
@@ -379,6 +385,9 @@ class Scheduler:
             else:
                 q.inflight -= 1
                 events.append(self._retry_or_escalate(rec, None, now))
+        dev = batch.key.device_class
+        queued = any(q.live for (key, _), q in self._queues.items() if key.device_class == dev)
+        self._freed.setdefault(dev, deque(maxlen=FREED_KEPT)).append((now, queued))
         return events
 
     def on_scores(self, request_ids: Sequence[str], result: ScoreResult, now: float) -> list[Event]:
@@ -453,12 +462,23 @@ class Scheduler:
         )
 
     def _observe_latency(self, batch: Batch, now: float) -> None:
-        self._measured.add(batch.key.device_class)
+        """Observe a render batch's wall time over its curve's latency.
+
+        The wall time runs from the cut, or from the result that freed the worker when
+        work was already waiting then: the gap between the two (a scorer's turn on the
+        device, the shell's own work, a busy interpreter) delays every batch of a full
+        queue, and admission prices a full queue by this scale.
+        """
+        dev = batch.key.device_class
+        self._measured.add(dev)
         cost = self._stage_cost(batch.key)
-        wall = now - batch.created_at
+        start = batch.created_at
+        before = [freed for freed in self._freed.get(dev, ()) if freed[0] <= start]
+        if before and max(before)[1]:  # the last result before the cut left work waiting
+            start = max(before)[0]
+        wall = now - start
         if cost is None or wall <= 0 or batch.size > cost.curve.max_size:
             return  # nothing to compare with (or a clock that did not move)
-        dev = batch.key.device_class
         self._latency_scale.setdefault(dev, LatencyScale()).observe(wall / cost.latency(batch.size))
 
     def _retry_or_escalate(self, rec: _Record, score: float | None, now: float) -> Event:
