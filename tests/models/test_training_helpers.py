@@ -266,3 +266,39 @@ def test_gate_loss_counts_bad_pairs_above_good_ones_within_a_group() -> None:
     assert float(apart) < 0.01 < 0.5 < float(together)
     none_good = clip_gate.gate_loss(ordered, torch.zeros(4, dtype=torch.bool), one_group)
     assert float(none_good) == 0.0
+
+
+def test_caption_forms_are_every_form_with_the_chances_training_captions_are_drawn_by() -> None:
+    import collections
+
+    rng = random.Random(5)
+    for scene in world.sample_batch(rng, 20, 0.5):
+        forms = world.caption_forms(scene)
+        assert len(forms) == 4 * len(scene.shapes) and len({c for c, _ in forms}) == len(forms)
+        assert sum(p for _, p in forms) == pytest.approx(1.0)
+        for caption, _ in forms:  # each states only what the scene shows
+            parsed = world.parse_caption(caption)
+            assert [(k, c) for k, c, _ in parsed.shapes] == [
+                (s.kind, s.colour) for s in scene.shapes
+            ]
+            assert parsed.background in (None, scene.background)
+        drawn = collections.Counter(world.training_caption(scene, rng) for _ in range(4000))
+        for caption, p in forms:
+            assert abs(drawn[caption] / 4000 - p) < 0.03, caption
+    two = world.sample_batch(random.Random(1), 50, 1.0)[0]
+    short = dict(world.caption_forms(two, short_share=0.5))
+    assert short[two.caption(sizes=False, background=False)] == pytest.approx(0.25)
+    assert short[two.caption()] == pytest.approx(0.4 * 0.5)
+    with pytest.raises(ValueError, match="short_share must be in"):
+        world.caption_forms(two, short_share=0.95)
+
+
+def test_form_chances_follow_caption_forms_order_per_shape_count() -> None:
+    pytest.importorskip("torch")
+    from renderq.models.shapes import unet_train
+
+    chances = unet_train.form_chances(0.45)
+    assert len(chances[1]) == 4 and len(chances[2]) == 8
+    assert float(chances[1].sum()) == pytest.approx(1.0) == float(chances[2].sum())
+    scene = world.sample_batch(random.Random(2), 50, 1.0)[0]
+    assert [p for _, p in world.caption_forms(scene, 0.45)] == pytest.approx(chances[2].tolist())

@@ -53,6 +53,8 @@ def _train(args: argparse.Namespace) -> None:
                 unet_kwargs["two_shape_share"] = args.two_shape_share
             if args.dataset_size is not None:
                 unet_kwargs["dataset_size"] = args.dataset_size
+            if args.short_share is not None:
+                unet_kwargs["short_share"] = args.short_share
             init = Path(args.init_from) if args.init_from else None
             train_unet(checkpoints, resume=not args.fresh, init_from=init, **unet_kwargs)
     if args.stage == "all":
@@ -192,6 +194,14 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument("--warmup", type=int, default=None, help="warm-up steps (unet)")
     train.add_argument(
         "--dataset-size", type=int, default=None, help="world images in the latent set (unet)"
+    )
+    train.add_argument(
+        "--short-share",
+        type=float,
+        default=None,
+        help="unet: every image keeps all its caption's forms, each step draws one, leaving out "
+        "the size words and the background clause each with this chance (default: one fixed "
+        "caption per image, drawn once)",
     )
     train.add_argument(
         "--out", default=str(common.WEIGHTS_DIR), help="where --stage all builds the weights"

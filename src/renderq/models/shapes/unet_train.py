@@ -14,7 +14,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from renderq.models.shapes import common
+from renderq.models.shapes import common, world
 
 UNET_SEED = 3
 """Seed of the latent dataset, the batch stream and initial weights."""
@@ -78,22 +78,46 @@ def encode_prompts(text_encoder: Any, tok: Any, prompts: list[str]) -> Any:
 
 
 def latent_cache(
-    checkpoints: Path, two_shape_share: float = TWO_SHAPE_SHARE, size: int = DATASET_SIZE
+    checkpoints: Path,
+    two_shape_share: float = TWO_SHAPE_SHARE,
+    size: int = DATASET_SIZE,
+    all_forms: bool = False,
 ) -> Path:
     """Where the latent set of ``size`` images, ``two_shape_share`` of two shapes, is cached."""
-    if abs(two_shape_share - TWO_SHAPE_SHARE) < 1e-9 and size == DATASET_SIZE:
+    if abs(two_shape_share - TWO_SHAPE_SHARE) < 1e-9 and size == DATASET_SIZE and not all_forms:
         return checkpoints / "unet" / "latents.pt"
-    return checkpoints / "unet" / f"latents-{size}-two{round(100 * two_shape_share):02d}.pt"
+    forms = "-forms" if all_forms else ""
+    return checkpoints / "unet" / f"latents-{size}-two{round(100 * two_shape_share):02d}{forms}.pt"
+
+
+def form_chances(short_share: float) -> dict[int, Any]:
+    """Per shape count, the chance of each caption form in :func:`world.caption_forms`'
+    order: the weights a set built with ``all_forms`` draws its captions by."""
+    import torch
+
+    one = world.Shape("circle", "red", "small", 20, 20, 0)
+    two = world.Shape("square", "blue", "large", 44, 44, 0)
+    scenes = {1: world.Scene("white", (one,)), 2: world.Scene("white", (one, two))}
+    return {
+        n: torch.tensor([p for _, p in world.caption_forms(scene, short_share)])
+        for n, scene in scenes.items()
+    }
 
 
 def build_latent_dataset(
-    checkpoints: Path, two_shape_share: float = TWO_SHAPE_SHARE, size: int = DATASET_SIZE
+    checkpoints: Path,
+    two_shape_share: float = TWO_SHAPE_SHARE,
+    size: int = DATASET_SIZE,
+    all_forms: bool = False,
 ) -> dict[str, Any]:
     """Encode ``size`` world images and their captions; cached under ``checkpoints``.
 
     ``two_shape_share`` of the scenes hold two shapes; each caption is in a random form.
     The stream is seeded, so the defaults give the same set as before these options
-    existed, and a larger ``size`` starts with the smaller set's images.
+    existed, and a larger ``size`` starts with the smaller set's images. With
+    ``all_forms`` each image keeps every form of its caption (:func:`world.caption_forms`;
+    ``caption_ids`` is then one row of eight per image, ``shapes`` its shape count), so
+    training draws a form per step by the chances it is given.
     """
     import torch
     from diffusers import AutoencoderKL
@@ -101,7 +125,7 @@ def build_latent_dataset(
 
     if size % 500:
         raise ValueError(f"the latent set is encoded in chunks of 500; got {size}")
-    path = latent_cache(checkpoints, two_shape_share, size)
+    path = latent_cache(checkpoints, two_shape_share, size, all_forms)
     cached = common.load_checkpoint(path)
     if cached is not None:
         return cached
@@ -111,20 +135,31 @@ def build_latent_dataset(
     tok = CLIPTokenizer.from_pretrained(clip_dir)
     rng = random.Random(UNET_SEED)
     latents = []
-    captions: list[str] = []
+    captions: list[list[str]] = []
+    shapes: list[int] = []
     for _ in range(size // 500):
-        images, caps = common.world_batch(rng, 500, two_shape_share)
+        if all_forms:
+            scenes = world.sample_batch(rng, 500, two_shape_share)
+            images = common.images_to_tensor([world.render(s) for s in scenes])
+            forms = [[c for c, _ in world.caption_forms(s)] for s in scenes]
+            captions += [f + [f[0]] * (8 - len(f)) for f in forms]  # padded; never drawn
+            shapes += [len(s.shapes) for s in scenes]
+        else:
+            images, caps = common.world_batch(rng, 500, two_shape_share)
+            captions += [[c] for c in caps]
         with torch.no_grad():
             latents.append(vae.encode(images).latent_dist.mean * vae.config.scaling_factor)
-        captions += caps
-    unique = sorted(set(captions))
+    unique = sorted({c for row in captions for c in row})
     index = {c: i for i, c in enumerate(unique)}
+    ids = torch.tensor([[index[c] for c in row] for row in captions])
     data = {
         "latents": torch.cat(latents),
-        "caption_ids": torch.tensor([index[c] for c in captions]),
+        "caption_ids": ids if all_forms else ids[:, 0],
         "embeddings": encode_prompts(text_encoder, tok, unique),
         "empty": encode_prompts(text_encoder, tok, [""]),
     }
+    if all_forms:
+        data["shapes"] = torch.tensor(shapes)
     common.save_checkpoint(path, data)
     print(f"[unet] encoded {len(captions)} images, {len(unique)} distinct captions", flush=True)
     return data
@@ -149,6 +184,7 @@ def train_unet(
     warmup: int = 200,
     two_shape_share: float = TWO_SHAPE_SHARE,
     dataset_size: int = DATASET_SIZE,
+    short_share: float | None = None,
 ) -> Path:
     """Train (or resume) the UNet; the EMA weights go to ``checkpoints/export/unet``.
 
@@ -156,12 +192,20 @@ def train_unet(
     ``weights/mini-sd/unet``) warm-starts a run that has no checkpoint yet: model and
     average start from those weights, the optimizer and schedule from step 0.
     ``two_shape_share`` and ``dataset_size`` shape the latent set (see
-    :func:`build_latent_dataset`).
+    :func:`build_latent_dataset`). With ``short_share`` each image keeps every form of its
+    caption and a step draws one per image, the size words and the background clause
+    each left out with that chance (:func:`world.caption_forms`).
     """
     import torch
     from diffusers import DDPMScheduler
 
-    data = build_latent_dataset(checkpoints, two_shape_share, dataset_size)
+    all_forms = short_share is not None
+    data = build_latent_dataset(checkpoints, two_shape_share, dataset_size, all_forms)
+    chances = form_chances(short_share) if short_share is not None else {}
+    if all_forms:  # one row of chances per image, by its shape count
+        rows = torch.zeros(data["caption_ids"].shape)
+        for count, p in chances.items():
+            rows[data["shapes"] == count, : len(p)] = p
     torch.manual_seed(UNET_SEED)
     unet = unet_model(int(data["embeddings"].shape[-1]))
     ema = copy.deepcopy(unet).requires_grad_(False)
@@ -191,7 +235,11 @@ def train_unet(
         gen = torch.Generator().manual_seed(UNET_SEED * 1_000_003 + step)
         idx = torch.randint(0, n, (batch_size,), generator=gen)
         latents = data["latents"][idx]
-        cond = data["embeddings"][data["caption_ids"][idx]]
+        if all_forms:
+            form = torch.multinomial(rows[idx], 1, generator=gen)[:, 0]
+            cond = data["embeddings"][data["caption_ids"][idx, form]]
+        else:
+            cond = data["embeddings"][data["caption_ids"][idx]]
         drop = torch.rand(batch_size, generator=gen) < CAPTION_DROPOUT
         cond = torch.where(drop[:, None, None], data["empty"].expand_as(cond), cond)
         noise = torch.randn(latents.shape, generator=gen)

@@ -125,6 +125,29 @@ def training_caption(scene: Scene, rng: random.Random) -> str:
     return scene.caption(sizes=sizes, background=rng.random() >= SHORT_BACKGROUND_PROB)
 
 
+def caption_forms(scene: Scene, short_share: float = SHORT_SIZE_PROB) -> list[tuple[str, float]]:
+    """Every form of ``scene``'s caption with its chance: sizes and background apart.
+
+    The size words are left out with ``short_share`` (a two-shape caption names one
+    shape's size only with ``MIXED_SIZE_PROB``, either shape alike), the background clause
+    with ``short_share`` too, independently. With the default, the chances are those of
+    :func:`training_caption` (``SHORT_BACKGROUND_PROB`` equals ``SHORT_SIZE_PROB``).
+    """
+    if not 0.0 <= short_share <= 1.0 - MIXED_SIZE_PROB:
+        raise ValueError(f"short_share must be in [0, {1 - MIXED_SIZE_PROB}], got {short_share}")
+    sizes: list[tuple[bool | tuple[bool, ...], float]] = [(False, short_share)]
+    if len(scene.shapes) == 2:
+        sizes += [((True, False), MIXED_SIZE_PROB / 2), ((False, True), MIXED_SIZE_PROB / 2)]
+        sizes.append((True, 1.0 - short_share - MIXED_SIZE_PROB))
+    else:
+        sizes.append((True, 1.0 - short_share))
+    return [
+        (scene.caption(sizes=flags, background=bg), p * (1.0 - short_share if bg else short_share))
+        for flags, p in sizes
+        for bg in (True, False)
+    ]
+
+
 def vocabulary() -> list[str]:
     """Every word the caption grammar (and the zero-shot prompts) can produce."""
     return sorted({*FUNCTION_WORDS, *COLOURS, *SHAPES, *SIZES})
