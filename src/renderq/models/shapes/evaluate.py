@@ -51,6 +51,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timing-repeats", type=int, default=3)
     parser.add_argument("--skip", default="", help="comma list of: clip,oracle,sd,timing")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--prompt-seed", type=int, default=PROMPT_SEED, help="seed of the QA run's prompts"
+    )
+    parser.add_argument(
+        "--calibration-seed",
+        type=int,
+        default=CALIBRATION_SEED,
+        help="seed of the gate's calibration prompts (another pair of seeds gives another "
+        "held-out set, for choosing between scorers without the card's own images)",
+    )
     parser.add_argument("--json", default=None, help="also write the figures here")
 
 
@@ -342,7 +352,7 @@ def gate_figures(
     images the oracle passes; the detector figures are then measured on every image of the
     QA run (first attempts and retries; prompts disjoint from the calibration ones).
     """
-    rng = random.Random(CALIBRATION_SEED)
+    rng = random.Random(args.calibration_seed)
     cal_prompts = [
         world.random_caption(rng, short_forms=True) for _ in range(args.calibration_prompts)
     ]
@@ -463,7 +473,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             flush=True,
         )
     if "sd" not in skip:
-        rng = random.Random(PROMPT_SEED)
+        rng = random.Random(args.prompt_seed)
         prompts = [world.random_caption(rng, short_forms=True) for _ in range(args.prompts)]
         qa = qa_run(pipe, prompts, args)
         figures |= qa_figures(prompts, qa)
