@@ -232,21 +232,27 @@ def test_gate_pairs_point_at_each_images_prompt_or_negative() -> None:
         "matched": [True, False, True],
     }
     # Two world images, then renders 0, 1, 2; render 2 passed but is captioned by its reading.
-    captions = ["w0", "w1", "a red circle", "a small blue circle", "a large green triangle"]
+    captions = [
+        "a red circle and a blue square",
+        "a white circle",
+        "a red circle",
+        "a small blue circle",
+        "a large green triangle",
+    ]
     negatives = [f"n{i}" for i in range(len(captions) * clip_gate.NEGATIVES)]
     negatives[3 * clip_gate.NEGATIVES] = "a small blue square"  # the failed prompt comes first
     pairs, extra = clip_gate.gate_pairs(data, [0, 1, 2], captions, 2)
     text = captions + negatives + extra
     assert extra == ["a green triangle"]
-    got = {(row, text[column], good, group) for row, column, good, group in pairs}
+    got = {(row, text[column], good, group, n) for row, column, good, group, n in pairs}
     assert got == {
-        (0, "w0", True, 0),
-        (1, "w1", True, 0),
-        (0, "n0", False, 0),
-        (1, f"n{clip_gate.NEGATIVES}", False, 0),
-        (2, "a red circle", True, 1),
-        (3, "a small blue square", False, 1),
-        (4, "a green triangle", True, 1),
+        (0, "a red circle and a blue square", True, 0, 2),
+        (1, "a white circle", True, 0, 1),
+        (0, "n0", False, 0, 2),
+        (1, f"n{clip_gate.NEGATIVES}", False, 0, 1),
+        (2, "a red circle", True, 1, 1),
+        (3, "a small blue square", False, 1, 1),
+        (4, "a green triangle", True, 1, 1),
     }
 
 
@@ -266,6 +272,22 @@ def test_gate_loss_counts_bad_pairs_above_good_ones_within_a_group() -> None:
     assert float(apart) < 0.01 < 0.5 < float(together)
     none_good = clip_gate.gate_loss(ordered, torch.zeros(4, dtype=torch.bool), one_group)
     assert float(none_good) == 0.0
+
+
+def test_a_balanced_gate_loss_will_not_lower_a_mostly_bad_stratum_whole() -> None:
+    torch = pytest.importorskip("torch")
+    # One-shape prompts: four good at 0.9, one bad at 0.8. Two-shape: one good at 0.7 (below
+    # the one-shape bad: a single threshold must drop it or keep that bad), four bad at 0.5.
+    scores = torch.tensor([0.9, 0.9, 0.9, 0.9, 0.8, 0.7, 0.5, 0.5, 0.5, 0.5])
+    good = torch.tensor([True] * 4 + [False, True] + [False] * 4)
+    shapes = torch.tensor([1] * 5 + [2] * 5)
+    groups = torch.zeros(10, dtype=torch.long)
+    plain = float(clip_gate.gate_loss(scores, good, groups))
+    balanced = float(clip_gate.gate_loss(scores, good, groups, shapes))
+    # Plain: 1 of 25 pairs out of order. Balanced: 1 of the 1 pairs of (two-shape good,
+    # one-shape bad), a quarter of the loss.
+    assert plain == pytest.approx(float(torch.nn.functional.softplus(torch.tensor(5.0))) / 25, 0.05)
+    assert balanced > 5 * plain
 
 
 def test_caption_forms_are_every_form_with_the_chances_training_captions_are_drawn_by() -> None:

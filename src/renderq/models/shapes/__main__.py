@@ -103,6 +103,7 @@ def _train_gate(args: argparse.Namespace, checkpoints: Path) -> None:
         two_shape_share=0.3 if args.two_shape_share is None else args.two_shape_share,
         matched_caption=args.matched_caption,
         gate_weight=args.gate_weight,
+        gate_balance=args.gate_balance,
         resume=not args.fresh,
         **({} if args.lr is None else {"lr": args.lr}),
         **({} if args.render_lr is None else {"render_lr": args.render_lr}),
@@ -181,6 +182,11 @@ def main(argv: list[str] | None = None) -> None:
         type=float,
         default=0.0,
         help="weight of the ranking loss on (image, prompt) scores across images (clip-gate)",
+    )
+    train.add_argument(
+        "--gate-balance",
+        action="store_true",
+        help="weigh that loss's pairings of one- and two-shape prompts alike (clip-gate)",
     )
     train.add_argument(
         "--render-steps", type=int, default=None, help="steps with renders (clip-gate)"

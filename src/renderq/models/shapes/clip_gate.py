@@ -284,7 +284,7 @@ def _rendered_batch(
     return images, captions, negatives, picked
 
 
-def gate_loss(scores: Any, good: Any, groups: Any) -> Any:
+def gate_loss(scores: Any, good: Any, groups: Any, strata: Any | None = None) -> Any:
     """A smooth count of bad (image, prompt) pairs scoring above good ones: 1 - AUC, softened.
 
     The contrastive loss ranks captions *for one image*; the gate compares one threshold
@@ -292,22 +292,33 @@ def gate_loss(scores: Any, good: Any, groups: Any) -> Any:
     below a good render of another prompt too. ``scores`` are cosines, ``good`` says which
     pairs pass the oracle, and pairs are compared only within their ``groups`` value
     (renders with renders, world images with world images).
+
+    With ``strata`` (each pair's prompt's shape count, say), every pairing of a stratum's
+    good pairs with a stratum's bad ones weighs the same. Unweighted, a stratum whose
+    images are mostly bad (two-shape renders) is cheapest ranked by lowering it whole, its
+    good images below the other strata's threshold too; balanced, one threshold has to
+    serve every stratum.
     """
     import torch.nn.functional as F
 
+    strata = groups * 0 if strata is None else strata
     losses = []
     for group in groups.unique():
         here = groups == group
-        pos, neg = scores[here & good], scores[here & ~good]
-        if len(pos) and len(neg):
-            losses.append(F.softplus(GATE_SCALE * (neg[None, :] - pos[:, None])).mean())
+        kinds = strata[here].unique()
+        for a in kinds:
+            pos = scores[here & good & (strata == a)]
+            for b in kinds:
+                neg = scores[here & ~good & (strata == b)]
+                if len(pos) and len(neg):
+                    losses.append(F.softplus(GATE_SCALE * (neg[None, :] - pos[:, None])).mean())
     return sum(losses) / len(losses) if losses else scores.sum() * 0
 
 
 def gate_pairs(
     data: dict[str, Any], picked: list[int], captions: list[str], n_world: int
 ) -> tuple[list[tuple[int, int, bool, int]], list[str]]:
-    """The batch's (image, text column, good, group) pairs for :func:`gate_loss`.
+    """The batch's (image, text column, good, group, shapes) pairs for :func:`gate_loss`.
 
     The batch holds ``n_world`` world images, then the renders ``picked`` from ``data``,
     captioned by ``captions`` (all of the batch's); its text is the captions, then
@@ -317,8 +328,9 @@ def gate_pairs(
     by its reading) is returned to be appended to the text.
     """
     size = len(captions)
-    pairs = [(w, w, True, 0) for w in range(n_world)]
-    pairs += [(w, size + w * NEGATIVES, False, 0) for w in range(n_world)]
+    shapes = [len(world.parse_caption(c).shapes) for c in captions[:n_world]]
+    pairs = [(w, w, True, 0, shapes[w]) for w in range(n_world)]
+    pairs += [(w, size + w * NEGATIVES, False, 0, shapes[w]) for w in range(n_world)]
     extra: list[str] = []
     for r, i in enumerate(picked):
         row, prompt, good = n_world + r, data["prompts"][i], bool(data["matched"][i])
@@ -329,7 +341,7 @@ def gate_pairs(
         else:
             column = size * (1 + NEGATIVES) + len(extra)
             extra.append(prompt)
-        pairs.append((row, column, good, 1))
+        pairs.append((row, column, good, 1, len(world.parse_caption(prompt).shapes)))
     return pairs, extra
 
 
@@ -347,6 +359,7 @@ def train_clip_gate(
     two_shape_share: float = 0.3,
     matched_caption: str = "reading",
     gate_weight: float = 0.0,
+    gate_balance: bool = False,
     resume: bool = True,
     checkpoint_every: int = 50,
 ) -> Path:
@@ -357,7 +370,8 @@ def train_clip_gate(
     ``render_steps`` with ``rendered_share`` of each batch rendered teach the generated look
     and its failures (a second, lower schedule from ``render_lr``). ``two_shape_share`` of
     the world images hold two shapes; ``matched_caption`` as in :func:`_rendered_batch`.
-    ``gate_weight`` adds :func:`gate_loss` on the batch's :func:`gate_pairs`, that much of it.
+    ``gate_weight`` adds :func:`gate_loss` on the batch's :func:`gate_pairs`, that much of it;
+    ``gate_balance`` balances it over the prompts' shape counts.
     """
     import torch
     from transformers import CLIPModel
@@ -415,9 +429,12 @@ def train_clip_gate(
         )
         loss = hard_negative_loss(out.logits_per_image[:, : len(captions) + len(negatives)])
         if gate_weight:
-            rows, columns, good, groups = (torch.tensor(v) for v in zip(*pairs, strict=True))
+            rows, columns, good, groups, shapes = (
+                torch.tensor(v) for v in zip(*pairs, strict=True)
+            )
             scores = (out.image_embeds[rows] * out.text_embeds[columns]).sum(-1)
-            loss = loss + gate_weight * gate_loss(scores, good, groups)
+            strata = shapes if gate_balance else None
+            loss = loss + gate_weight * gate_loss(scores, good, groups, strata)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
