@@ -19,10 +19,10 @@ from typing import Any
 from renderq.models.shapes.build import DEFAULT_GUIDANCE, DEFAULT_STEPS
 from renderq.models.shapes.common import WEIGHTS_DIR
 
-DEFAULT_THRESHOLD = 0.6836
+DEFAULT_THRESHOLD = 0.6846
 """The shipped scorer's gate, a cosine: ``gate_threshold / 100`` of ``weights/figures.json``.
 
-``python -m renderq.models.shapes evaluate`` calibrates it on mini-SD renders (of 300
+``python -m renderq.models.shapes evaluate`` calibrates it on mini-SD renders (of 500
 prompts for the shipped value) as the highest threshold that keeps 96% of the images the
 pixel oracle passes (whole-prompt check); renderq's commands use it as the embedded
 scorer's default.

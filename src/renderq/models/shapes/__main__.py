@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument(
         "--gate-weight",
         type=float,
-        default=0.0,
+        default=3.0,
         help="weight of the ranking loss on (image, prompt) scores across images (clip-gate)",
     )
     train.add_argument(
