@@ -317,7 +317,7 @@ def gate_loss(scores: Any, good: Any, groups: Any, strata: Any | None = None) ->
 
 def gate_pairs(
     data: dict[str, Any], picked: list[int], captions: list[str], n_world: int
-) -> tuple[list[tuple[int, int, bool, int]], list[str]]:
+) -> tuple[list[tuple[int, int, bool, int, int]], list[str]]:
     """The batch's (image, text column, good, group, shapes) pairs for :func:`gate_loss`.
 
     The batch holds ``n_world`` world images, then the renders ``picked`` from ``data``,
