@@ -474,8 +474,9 @@ class Scheduler:
         cost = self._stage_cost(batch.key)
         start = batch.created_at
         before = [freed for freed in self._freed.get(dev, ()) if freed[0] <= start]
-        if before and max(before)[1]:  # the last result before the cut left work waiting
-            start = max(before)[0]
+        last, waiting = max(before, default=(start, False))
+        if waiting:  # the last result before the cut left work waiting
+            start = last
         wall = now - start
         if cost is None or wall <= 0 or batch.size > cost.curve.max_size:
             return  # nothing to compare with (or a clock that did not move)
