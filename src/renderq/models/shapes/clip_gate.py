@@ -411,9 +411,11 @@ def train_clip_gate(
         negatives = [
             c for s, f in zip(scenes, forms, strict=True) for c in negatives_for(s, rng, [], f)
         ] + r_negatives
-        pairs, extra = gate_pairs(renders, picked, captions, len(scenes))
+        pairs, extra = (
+            gate_pairs(renders, picked, captions, len(scenes)) if gate_weight else ([], [])
+        )
         text = tok(
-            captions + negatives + (extra if gate_weight else []),
+            captions + negatives + extra,
             padding="max_length",
             max_length=tokenizer.MAX_LENGTH,
             return_tensors="pt",
