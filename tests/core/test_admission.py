@@ -15,6 +15,7 @@ from renderq.core.admission import (
     AdmissionConfig,
     RenderCounts,
     RenderStats,
+    WaitCalibration,
     independent_renders,
     independent_retries,
 )
@@ -171,3 +172,48 @@ def test_the_deadline_reserve_refuses_work_that_would_finish_inside_it() -> None
     assert not short.admitted and "leaves no time" in short.detail
     with pytest.raises(ConfigError, match=r"deadline_reserve_s must be >= 0, got -0\.1"):
         AdmissionConfig(deadline_reserve_s=-0.1)
+
+
+def test_admission_stretches_its_wait_by_how_late_requests_near_their_deadline_finished() -> None:
+    s = Scheduler(Dynamic(0.0, 4), qa=QAPolicy(0.5, max_attempts=3), cost=lambda k: COST)
+    for i in range(300):  # measured: no retries to price, a 1 s render alone
+        s.submit(req(i), 0.0)
+    now = drain(s, 0.0)
+    # Each lone request renders on the curve (1 s), but its score comes back 0.3 s later
+    # (a scorer's turn the render curve does not see): 1.3 s of the 1.5 s it had.
+    for i in range(MIN_FINISHED):
+        verdict = s.submit(req(1000 + i, deadline=now + 1.5), now)
+        assert verdict.admitted and verdict.expected_s == pytest.approx(1.0)
+        [b] = s.schedule(now, {"gpu0": 1})
+        s.on_result(BatchResult(b.id, (ItemResult(b.requests[0].id, 0),), 1.0, "gpu0"), now + 1)
+        s.on_scores([b.requests[0].id], ScoreResult((0.9,), 0.0, "gpu0"), now + 1.3)
+        now += 1.3
+        assert s.wait_stretch() == (1.0 if i < MIN_FINISHED - 1 else pytest.approx(1.3))
+    # 1 s fits 1.2 s, but these requests take 1.3 s: refused now, not answered late.
+    late = s.submit(req(2000, deadline=now + 1.2), now)
+    assert not late.admitted and late.reason == "deadline" and "1.30s" in late.detail
+    assert s.submit(req(2001, deadline=now + 1.4), now).admitted
+
+
+def test_wait_calibration_ignores_requests_far_from_their_deadline() -> None:
+    w = WaitCalibration()
+    for _ in range(3 * MIN_FINISHED):  # 3x late, but they had 10 s for 1 s of work
+        w.observe(3.0, 1.0, 10.0)
+    assert w.factor() == 1.0
+    for _ in range(MIN_FINISHED):  # used 1.2 s of the 2 s they had: they count
+        w.observe(1.2, 1.0, 2.0)
+    assert w.factor() == pytest.approx(1.2)
+
+
+@given(st.lists(st.floats(0.2, 3.0), min_size=MIN_FINISHED, max_size=400))
+def test_the_wait_stretch_covers_all_but_the_miss_share(ratios: list[float]) -> None:
+    w = WaitCalibration()
+    for r in ratios:
+        w.observe(r, 1.0, 1.0)
+    kept = list(w.ratios)
+    assert kept == ratios[-len(kept) :]
+    stretch = w.factor()
+    assert stretch >= 1.0
+    assert sum(r > stretch for r in kept) <= MISS_SHARE * len(kept)
+    # and no larger than it must be: the smallest stretch of the kept ratios that does
+    assert stretch == 1.0 or sum(r >= stretch for r in kept) > MISS_SHARE * len(kept)

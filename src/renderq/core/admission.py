@@ -25,13 +25,19 @@ start under overload the queue fills before anything has finished).
 
 A request whose deadline falls before that is rejected with reason ``deadline``; callers
 may retry after the queue ahead has drained.
+
+What the cost model cannot see (cores taken by other work after a request was admitted, a
+scorer's turns, the shell's own delays) makes admitted requests finish later than
+expected. :class:`WaitCalibration` closes that loop: the expected wait is stretched by how
+late the admitted requests that ran near their deadline have been finishing.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from renderq.core.errors import ConfigError
 from renderq.core.events import Admission
@@ -53,6 +59,46 @@ LATENCY_EWMA = 0.2
 
 SCALE_Z = 1.0
 """Standard deviations of a device's latency scale priced above its moving average."""
+
+
+WAITS_KEPT = 200
+"""Finished requests whose wait :class:`WaitCalibration` remembers."""
+
+EDGE_SHARE = 0.5
+"""A request counts for :class:`WaitCalibration` if admission expected it to use at least
+this share of the time left to its deadline: the requests whose admission was close."""
+
+
+@dataclass(slots=True)
+class WaitCalibration:
+    """How long admitted requests took over what admission expected of them.
+
+    Each finished request that admission priced near its deadline (expected to use at
+    least ``EDGE_SHARE`` of the time it had) adds its wait over the wait expected when it
+    was admitted. Admission stretches every expected wait by the ``1 - MISS_SHARE``
+    quantile of the last ``WAITS_KEPT`` of those ratios, never below 1 and only once
+    ``MIN_FINISHED`` have been seen: where predictions run a few percent short (the device
+    slowing after a request was admitted), that much more is refused, and at most about
+    ``MISS_SHARE`` of admitted requests miss their deadline. Requests far from their
+    deadline do not count: their wait is short and its relative error (a queue delay, a
+    score) says nothing about a full queue's.
+    """
+
+    ratios: deque[float] = field(default_factory=lambda: deque(maxlen=WAITS_KEPT))
+
+    def observe(self, waited: float, expected: float, budget: float) -> None:
+        """A priced request finished after ``waited`` seconds; admission expected
+        ``expected`` of the ``budget`` seconds it had to its deadline."""
+        if expected > 0 and expected >= EDGE_SHARE * budget:
+            self.ratios.append(waited / expected)
+
+    def factor(self) -> float:
+        """What admission multiplies an expected wait by (1.0 until enough were seen)."""
+        n = len(self.ratios)
+        if n < MIN_FINISHED:
+            return 1.0
+        ranked = sorted(self.ratios)
+        return max(1.0, ranked[min(n - 1, math.ceil((1.0 - MISS_SHARE) * n) - 1)])
 
 
 @dataclass(slots=True)
@@ -280,8 +326,12 @@ def admit(
     renders_sd: float = 0.0,
     retries: int = 0,
     setup_s: float = 0.0,
+    stretch: float = 1.0,
 ) -> Admission:
-    """The admission verdict for one request (pure); see :func:`expected_finish`."""
+    """The admission verdict for one request (pure); see :func:`expected_finish`.
+
+    ``stretch`` multiplies the expected wait (:meth:`WaitCalibration.factor`); an admitted
+    request's ``expected_s`` is the wait before it."""
     limit = config.max_queue_per_key
     if limit is not None and queued >= limit:
         return Admission(
@@ -310,6 +360,8 @@ def admit(
                 retries=retries,
                 setup_s=setup_s,
             )
+            expected = finish - now
+            finish = now + expected * stretch
             if finish > deadline - reserve:
                 wait = finish - now
                 return Admission(
@@ -320,4 +372,5 @@ def admit(
                     + (f" less the answer's reserve of {reserve:.2f}s" if reserve else ""),
                     retry_after_s=max(0.0, math.ceil(wait + reserve - (deadline - now))),
                 )
+            return Admission(True, expected_s=expected)
     return Admission(True)

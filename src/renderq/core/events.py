@@ -72,3 +72,6 @@ class Admission:
     reason: str = ""
     detail: str = ""
     retry_after_s: float | None = None
+    #: Seconds admission expected the request to take, where it priced a deadline (before
+    #: the correction by how late admitted requests have been finishing).
+    expected_s: float | None = None

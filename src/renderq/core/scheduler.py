@@ -14,7 +14,13 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from renderq.core.admission import AdmissionConfig, LatencyScale, RenderStats, admit
+from renderq.core.admission import (
+    AdmissionConfig,
+    LatencyScale,
+    RenderStats,
+    WaitCalibration,
+    admit,
+)
 from renderq.core.cost import StageCost
 from renderq.core.errors import ConfigError, UnknownRequest
 from renderq.core.events import (
@@ -89,6 +95,8 @@ class _Record:
     state: RequestState = _S.NEW
     history: list[AttemptRecord] = field(default_factory=list)
     cancel_requested: bool = False
+    # Where admission priced a deadline: (admitted at, expected wait, seconds to deadline).
+    priced: tuple[float, float, float] | None = None
 
 
 @dataclass(slots=True)
@@ -156,6 +164,7 @@ class Scheduler:
         self._base_caps: dict[BatchKey, int] = {}
         self._renders = RenderStats()
         self._latency_scale: dict[str, LatencyScale] = {}
+        self._waits = WaitCalibration()
         self._measured: set[str] = set()  # device classes a render batch came back from
         # Per device class, the last render results: (time, whether work was queued then).
         self._freed: dict[str, deque[tuple[float, bool]]] = {}
@@ -230,6 +239,11 @@ class Scheduler:
         found = self._latency_scale.get(device_class)
         return found.mean if found is not None else 1.0
 
+    def wait_stretch(self) -> float:
+        """What admission multiplies an expected wait by (``core.admission.WaitCalibration``):
+        how late the requests it admitted near their deadline have been finishing."""
+        return self._waits.factor()
+
     def idle(self) -> bool:
         """True when no request is queued, running or being scored."""
         return not self._running and all(
@@ -278,10 +292,13 @@ class Scheduler:
             renders_sd=ahead_sd,
             retries=self.retries_to_price() if gated and priced else 0,
             setup_s=self._switch_s(request.key) * scale if cost is not None else 0.0,
+            stretch=self._waits.factor(),
         )
         if not verdict.admitted:
             self._move(rec, _S.REJECTED)
             return verdict
+        if verdict.expected_s is not None and request.deadline is not None:
+            rec.priced = (now, verdict.expected_s, request.deadline - now)
         self._enqueue(rec, q, now)
         return verdict
 
@@ -376,7 +393,7 @@ class Scheduler:
                 events.append(Cancelled(req, tuple(rec.history)))
             elif error is None and item is not None and not req.qa:
                 q.inflight -= 1
-                self._move(rec, _S.ACCEPTED)
+                self._move(rec, _S.ACCEPTED, now)
                 self.ledger.count_accepted()
                 events.append(Accepted(req, tuple(rec.history), image=item.image))
             elif error is None and item is not None:
@@ -417,7 +434,7 @@ class Scheduler:
                 self._move(rec, _S.CANCELLED)
                 events.append(Cancelled(rec.request, tuple(rec.history)))
             elif not rec.request.qa or self.qa.decide(score, rec.request.attempt) is Verdict.ACCEPT:
-                self._move(rec, _S.ACCEPTED)
+                self._move(rec, _S.ACCEPTED, now)
                 self.ledger.count_accepted()
                 events.append(Accepted(rec.request, tuple(rec.history), score=score))
             else:
@@ -492,7 +509,7 @@ class Scheduler:
             rec.request = dataclasses.replace(rec.request, attempt=rec.request.attempt + 1)
             self._enqueue(rec, self._queues[_lane(rec.request)], now)
             return Regenerating(rec.request, tuple(rec.history), next_request=rec.request)
-        self._move(rec, _S.ESCALATED)
+        self._move(rec, _S.ESCALATED, now)
         return Escalated(rec.request, tuple(rec.history))
 
     def _enqueue(self, rec: _Record, q: _KeyQueue, now: float) -> None:
@@ -619,11 +636,15 @@ class Scheduler:
         except KeyError:
             raise UnknownRequest(f"unknown request id {request_id!r}") from None
 
-    def _move(self, rec: _Record, new: RequestState) -> None:
+    def _move(self, rec: _Record, new: RequestState, now: float | None = None) -> None:
+        """Move a request to ``new``; ``now`` for its end (accepted, escalated)."""
         if new not in TRANSITIONS[rec.state]:
             check_transition(rec.state, new)  # raises with the message
         rec.state = new
         if new is _S.ACCEPTED or new is _S.ESCALATED:
+            if rec.priced is not None and now is not None:
+                admitted_at, expected, budget = rec.priced
+                self._waits.observe(now - admitted_at, expected, budget)
             # Only gated requests' attempts tell how often the gate fails.
             gated = rec.request.qa and self.qa.enabled
             if gated and new is _S.ACCEPTED:

@@ -93,6 +93,12 @@ class Metrics:
             "Renders each finished request has needed, as admission prices the queue ahead",
             registry=r,
         )
+        self.wait_stretch = Gauge(
+            "renderq_admission_wait_stretch",
+            "What admission multiplies an expected wait by: how late requests admitted near "
+            "their deadline have been finishing (99th percentile, at least 1)",
+            registry=r,
+        )
 
     def set_queue_depths(self, depths: Mapping[str, int]) -> None:
         """Replace the per-key queue depth series with ``depths``."""
@@ -307,3 +313,4 @@ class Dashboard:
             scale = sched.latency_scale(device_class)
             self.metrics.latency_scale.labels(device_class=device_class).set(scale)
         self.metrics.renders_per_request.set(sched.renders_per_request())
+        self.metrics.wait_stretch.set(sched.wait_stretch())
