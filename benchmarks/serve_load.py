@@ -26,6 +26,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -151,6 +152,19 @@ def pct(values: list[float], q: float) -> float:
     return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
 
 
+def picked_threads(root: Path) -> int | None:
+    """The torch threads the server says it took (``threads = 0`` picks the free cores)."""
+    found = re.search(r"\((\d+) torch threads?\)", (root / "server.log").read_text())
+    return int(found.group(1)) if found else None
+
+
+def gauge(url: str, name: str) -> float:
+    """One unlabelled gauge of the server's ``/metrics`` (NaN if it has none)."""
+    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
+    found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else math.nan
+
+
 def measure(
     args: argparse.Namespace, root: Path, threads: int, capacity: float | None
 ) -> tuple[float, float, list[dict[str, Any]]]:
@@ -196,6 +210,8 @@ def measure(
                     # The one-minute load average around the load: other work on the
                     # cores shows here (the bench and the server add their own share).
                     "loadavg": [busy_before, os.getloadavg()[0]],
+                    # What admission stretched its expected waits by at the end of the load.
+                    "wait_stretch": gauge(url, "renderq_admission_wait_stretch"),
                 }
             )
             time.sleep(args.deadline)  # let the queue drain between loads
@@ -239,7 +255,13 @@ def main() -> None:
             root = Path(tmp) / f"threads-{threads}"
             root.mkdir()
             own, base, got = measure(args, root, threads, base)
-            servers.append({"threads": threads, "capacity_images_per_s": own})
+            servers.append(
+                {
+                    "threads": threads,
+                    "torch_threads": picked_threads(root),
+                    "capacity_images_per_s": own,
+                }
+            )
             rows += got
     if args.json:
         print(
@@ -255,22 +277,26 @@ def main() -> None:
             )
         )
         return
-    caps = ", ".join(f"threads {s['threads']}: {s['capacity_images_per_s']:.2f}" for s in servers)
+    caps = ", ".join(
+        f"threads {s['threads']} (took {s['torch_threads']}): {s['capacity_images_per_s']:.2f}"
+        for s in servers
+    )
     print(
         f"capacity (warm-up, best batch) {caps} images/s; loads are multiples of {base:.2f}; "
         f"deadline {args.deadline} s, {args.duration} s per load, {os.cpu_count()} CPU cores"
     )
     print(
         "| threads | load | offered/s | sent | served/s | admitted | p50 s | p99 s | max s "
-        "| missed deadline | refusals | peak RSS MiB | load average |"
+        "| missed deadline | refusals | wait stretch | peak RSS MiB | load average |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['threads']} | {r['load']}x | {r['offered_per_s']:.2f} | {r['sent']} | "
             f"{r['served_per_s']:.2f} | {r['admitted_share']:.1%} | {r['p50_s']:.2f} | "
             f"{r['p99_s']:.2f} | {r['max_s']:.2f} | {r['missed_deadline_share']:.1%} | "
-            f"{', '.join(r['refusals']) or '-'} | {r['peak_rss_mib']:.0f} | "
+            f"{', '.join(r['refusals']) or '-'} | {r['wait_stretch']:.3f} | "
+            f"{r['peak_rss_mib']:.0f} | "
             f"{r['loadavg'][0]:.1f}-{r['loadavg'][1]:.1f} |"
         )
 
