@@ -145,9 +145,8 @@ class JobListener:
     prices: Mapping[str, float] = field(default_factory=dict)
 
     def started(self, batch: Batch) -> None:
-        """Count the batch and its renders."""
+        """Count the batch."""
         self.batch_sizes.append(batch.size)
-        self.progress.rendering += batch.size
 
     def step(self, step: Step) -> None:
         """Write accepted images, commit the step, then append the dataset lines."""
@@ -213,10 +212,7 @@ class JobListener:
 
     def _count(self, step: Step) -> None:
         p = self.progress
-        if step.kind is BatchKind.LOST and step.batch is not None:
-            p.rendering -= step.batch.size  # queued again; counted when it starts again
         if step.kind is BatchKind.RENDER and step.batch is not None:
-            p.rendering -= step.batch.size
             p.rendered += sum(1 for it in (step.render.items if step.render else ()) if it.ok)
         for ev in step.events:
             if isinstance(ev, Accepted):
@@ -226,7 +222,6 @@ class JobListener:
                 p.escalated += 1
                 p.regenerating.discard(ev.request.id)
             elif isinstance(ev, Regenerating):
-                p.regenerated += 1
                 p.regenerating.add(ev.request.id)
         if self.on_progress is not None:
             self.on_progress(p)

@@ -16,16 +16,13 @@ from renderq.store.sqlite import JobStore
 class Progress:
     """Live counts of one run; ``accepted`` and ``escalated`` include earlier runs.
 
-    ``regenerated`` counts regenerations queued in this run; ``regenerating`` holds the
-    prompts whose retry is queued or rendering now.
+    ``regenerating`` holds the prompts whose retry is queued or rendering now.
     """
 
     total: int
     accepted: int = 0
     escalated: int = 0
     rendered: int = 0
-    rendering: int = 0
-    regenerated: int = 0
     regenerating: set[str] = field(default_factory=set)
     started: float = field(default_factory=time.monotonic)
     accepted_at_start: int = -1
