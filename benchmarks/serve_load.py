@@ -71,6 +71,8 @@ def start(
     ]
     if args.deadline_reserve is not None:
         lines.append(f"deadline_reserve_s = {args.deadline_reserve}")
+    if args.devices:
+        lines.append(f'devices = "{args.devices}"')
     if args.model:
         lines.append(f'model = "{args.model}"')
     if args.scorer:
@@ -234,6 +236,11 @@ def main() -> None:
         "--deadline-reserve",
         type=float,
         help="the service's deadline_reserve_s (default: the service's own)",
+    )
+    ap.add_argument(
+        "--devices",
+        help="the service's render pool (e.g. cpu:1: one worker process with one torch "
+        "thread, away from the service's interpreter); default: render in the service",
     )
     ap.add_argument("--model")
     ap.add_argument("--scorer")

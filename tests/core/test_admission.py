@@ -13,6 +13,7 @@ from renderq.core.admission import (
     MIN_FINISHED,
     MISS_SHARE,
     AdmissionConfig,
+    LatencyScale,
     RenderCounts,
     RenderStats,
     WaitCalibration,
@@ -217,3 +218,18 @@ def test_the_wait_stretch_covers_all_but_the_miss_share(ratios: list[float]) -> 
     assert sum(r > stretch for r in kept) <= MISS_SHARE * len(kept)
     # and no larger than it must be: the smallest stretch of the kept ratios that does
     assert stretch == 1.0 or sum(r >= stretch for r in kept) > MISS_SHARE * len(kept)
+
+
+def test_the_latency_scale_prices_a_slowdown_at_once_and_a_speed_up_slowly() -> None:
+    scale = LatencyScale()
+    for _ in range(200):  # a device on its curve
+        scale.observe(1.0)
+    for _ in range(5):  # a few fast batches do not say the next twenty will be as fast
+        scale.observe(0.8)
+    assert scale.mean < 0.9 and scale.priced() > 0.98
+    for _ in range(5):  # a slowdown is priced at once
+        scale.observe(1.3)
+    assert scale.priced() >= scale.mean > 1.15
+    for _ in range(300):  # a lasting speed-up is priced as the slow mean follows
+        scale.observe(0.8)
+    assert scale.priced() == pytest.approx(0.8, abs=0.01)

@@ -57,6 +57,9 @@ MIN_FINISHED = 20
 LATENCY_EWMA = 0.2
 """Weight of the newest batch in a device's :class:`LatencyScale`."""
 
+LATENCY_SLOW_EWMA = 0.02
+"""Weight of the newest batch in a :class:`LatencyScale`'s slow mean (about fifty batches)."""
+
 SCALE_Z = 1.0
 """Standard deviations of a device's latency scale priced above its moving average."""
 
@@ -106,29 +109,35 @@ class LatencyScale:
     """Observed over predicted render latency on one device class, batch by batch.
 
     An exponentially weighted mean (weight ``LATENCY_EWMA`` on the newest batch) and
-    variance. Admission prices ``mean + SCALE_Z`` standard deviations: a device whose
-    speed swings (shared cores, a scorer on the same card) is priced nearer its slow
-    batches than its average, so fewer admitted requests finish late.
+    variance, and a slow mean (weight ``LATENCY_SLOW_EWMA``). Admission prices ``mean +
+    SCALE_Z`` standard deviations: a device whose speed swings (shared cores, a scorer on
+    the same card) is priced nearer its slow batches than its average, so fewer admitted
+    requests finish late. Never below the slow mean: a full queue takes many batches, and
+    a few fast ones (the last five weigh most in ``mean``) do not say the next twenty will
+    be as fast, so a device is priced slower at once but faster only as the slow mean
+    follows.
     """
 
     mean: float = 1.0
     var: float = 0.0
+    slow: float = 1.0
     seen: int = 0
 
     def observe(self, ratio: float) -> None:
         """One batch's wall time over its predicted latency."""
         if self.seen == 0:
-            self.mean, self.var = ratio, 0.0
+            self.mean, self.var, self.slow = ratio, 0.0, ratio
         else:
             diff = ratio - self.mean
             step = LATENCY_EWMA * diff
             self.mean += step
             self.var = (1 - LATENCY_EWMA) * (self.var + diff * step)
+            self.slow += LATENCY_SLOW_EWMA * (ratio - self.slow)
         self.seen += 1
 
     def priced(self) -> float:
         """The scale admission multiplies its estimate by."""
-        return self.mean + SCALE_Z * math.sqrt(self.var)
+        return max(self.mean + SCALE_Z * math.sqrt(self.var), self.slow)
 
 
 @dataclass(frozen=True, slots=True)

@@ -205,12 +205,13 @@ def prompt_length(executor: Any, prompt: str) -> tuple[int, list[str]]:
 
 
 def warm_up(executor: Executor, d: Defaults, cap: int) -> LatencyCurve:
-    """Time render batches of 1 and of ``cap`` (``renderq profile``'s timer: one warm-up
-    round, then two timed): the cost curve.
+    """Time render batches of 1 and of ``cap`` (``renderq profile``'s timer: two warm-up
+    rounds, then three timed): the cost curve.
 
-    Each size is priced at the faster of its two timed runs: a one-off stall should not
-    price every request. Admission corrects the curve later by the latency it observes
-    (``Scheduler.latency_scale``).
+    Each size is priced at the median of its three timed runs, as ``renderq profile``
+    prices it: a one-off stall should not price every request, and the fastest run of a
+    process that has just loaded its models over-reads the device as often. Admission
+    corrects the curve later by the latency it observes (``Scheduler.latency_scale``).
     """
     prompt = "a red circle"
     key = key_for(
@@ -224,8 +225,8 @@ def warm_up(executor: Executor, d: Defaults, cap: int) -> LatencyCurve:
         )
         return executor.run(Batch(0, key, reqs, 0.0, n)).device_seconds
 
-    points = measure(render, sorted({1, cap}), repeats=2, warmup=1)
-    return LatencyCurve.from_points([(p.batch_size, min(p.repeats)) for p in points])
+    points = measure(render, sorted({1, cap}), repeats=3, warmup=2)
+    return LatencyCurve.from_points([(p.batch_size, p.seconds) for p in points])
 
 
 def step_curve(curve: LatencyCurve, cap: int) -> LatencyCurve:
