@@ -175,25 +175,50 @@ def test_the_deadline_reserve_refuses_work_that_would_finish_inside_it() -> None
         AdmissionConfig(deadline_reserve_s=-0.1)
 
 
-def test_admission_stretches_its_wait_by_how_late_requests_near_their_deadline_finished() -> None:
-    s = Scheduler(Dynamic(0.0, 4), qa=QAPolicy(0.5, max_attempts=3), cost=lambda k: COST)
+def serve_one_at_a_time(s: Scheduler, now: float, score_delay: float) -> float:
+    """Render the queue one request per batch on the curve (1 s each); each score comes
+    back ``score_delay`` after its render, while the next batch renders. The end time."""
+    scoring: str | None = None
+    while True:
+        cut = s.schedule(now, {"gpu0": 1})
+        if scoring is not None:
+            s.on_scores([scoring], ScoreResult((0.9,), 0.0, "gpu0"), now + score_delay)
+            scoring = None
+        if not cut:
+            return now + score_delay
+        [b] = cut
+        now += 1.0
+        s.on_result(BatchResult(b.id, (ItemResult(b.requests[0].id, 0),), 1.0, "gpu0"), now)
+        scoring = b.requests[0].id
+
+
+def test_admission_stretches_its_wait_by_how_late_requests_behind_a_queue_finished() -> None:
+    s = Scheduler(Dynamic(0.0, 1), qa=QAPolicy(0.5, max_attempts=3), cost=lambda k: COST)
     for i in range(300):  # measured: no retries to price, a 1 s render alone
         s.submit(req(i), 0.0)
-    now = drain(s, 0.0)
-    # Each lone request renders on the curve (1 s), but its score comes back 0.3 s later
-    # (a scorer's turn the render curve does not see): 1.3 s of the 1.5 s it had.
+    now = serve_one_at_a_time(s, 0.0, 0.0)
+    # A lone request's wait is too short to say anything of a queue's: a score 1.8 s late
+    # on a 1 s render does not count.
     for i in range(MIN_FINISHED):
-        verdict = s.submit(req(1000 + i, deadline=now + 1.5), now)
-        assert verdict.admitted and verdict.expected_s == pytest.approx(1.0)
-        [b] = s.schedule(now, {"gpu0": 1})
-        s.on_result(BatchResult(b.id, (ItemResult(b.requests[0].id, 0),), 1.0, "gpu0"), now + 1)
-        s.on_scores([b.requests[0].id], ScoreResult((0.9,), 0.0, "gpu0"), now + 1.3)
-        now += 1.3
-        assert s.wait_stretch() == (1.0 if i < MIN_FINISHED - 1 else pytest.approx(1.3))
-    # 1 s fits 1.2 s, but these requests take 1.3 s: refused now, not answered late.
-    late = s.submit(req(2000, deadline=now + 1.2), now)
-    assert not late.admitted and late.reason == "deadline" and "1.30s" in late.detail
-    assert s.submit(req(2001, deadline=now + 1.4), now).admitted
+        assert s.submit(req(500 + i, deadline=now + 1.5), now).admitted
+        now = serve_one_at_a_time(s, now, 1.8)
+    assert s.wait_stretch() == 1.0
+    # Behind three queued requests, with the queue's margin for regenerations admission
+    # expects 5 s; the score comes back 1.8 s after the last render (a scorer's turn the
+    # render curve does not see): 5.8 s of the 6 s they had.
+    for i in range(MIN_FINISHED):
+        for j in range(3):
+            s.submit(req(1000 + 10 * i + j), now)
+        verdict = s.submit(req(1000 + 10 * i + 9, deadline=now + 6.0), now)
+        assert verdict.admitted and verdict.expected_s == pytest.approx(5.0)
+        now = serve_one_at_a_time(s, now, 1.8)
+    assert s.wait_stretch() == pytest.approx(5.8 / 5.0)
+    # 5 s fits 5.5 s, but these requests take 5.8 s: refused now, not answered late.
+    for j in range(3):
+        s.submit(req(2000 + j), now)
+    late = s.submit(req(2009, deadline=now + 5.5), now)
+    assert not late.admitted and late.reason == "deadline" and "5.80s" in late.detail
+    assert s.submit(req(2010, deadline=now + 6.0), now).admitted
 
 
 def test_wait_calibration_ignores_requests_far_from_their_deadline() -> None:

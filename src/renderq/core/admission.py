@@ -71,20 +71,26 @@ EDGE_SHARE = 0.5
 """A request counts for :class:`WaitCalibration` if admission expected it to use at least
 this share of the time left to its deadline: the requests whose admission was close."""
 
+DEEP_BATCHES = 3
+"""A request counts for :class:`WaitCalibration` only if admission expected it to wait at
+least this many full batches: below that, fixed costs the cost curve does not hold (a
+queue delay, a score) weigh on the ratio more than on a full queue's wait."""
+
 
 @dataclass(slots=True)
 class WaitCalibration:
     """How long admitted requests took over what admission expected of them.
 
     Each finished request that admission priced near its deadline (expected to use at
-    least ``EDGE_SHARE`` of the time it had) adds its wait over the wait expected when it
-    was admitted. Admission stretches every expected wait by the ``1 - MISS_SHARE``
+    least ``EDGE_SHARE`` of the time it had) behind a queue (at least ``DEEP_BATCHES``
+    full batches' wait; the scheduler records only those) adds its wait over the wait
+    expected when it was admitted. Admission stretches every expected wait by the ``1 - MISS_SHARE``
     quantile of the last ``WAITS_KEPT`` of those ratios, never below 1 and only once
     ``MIN_FINISHED`` have been seen: where predictions run a few percent short (the device
     slowing after a request was admitted), that much more is refused, and at most about
     ``MISS_SHARE`` of admitted requests miss their deadline. Requests far from their
-    deadline do not count: their wait is short and its relative error (a queue delay, a
-    score) says nothing about a full queue's.
+    deadline, or behind a short queue, do not count: their wait's relative error (a queue
+    delay, a score) says nothing about a full queue's.
     """
 
     ratios: deque[float] = field(default_factory=lambda: deque(maxlen=WAITS_KEPT))

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from renderq.core.admission import (
+    DEEP_BATCHES,
     AdmissionConfig,
     LatencyScale,
     RenderStats,
@@ -297,8 +298,10 @@ class Scheduler:
         if not verdict.admitted:
             self._move(rec, _S.REJECTED)
             return verdict
-        if verdict.expected_s is not None and request.deadline is not None:
-            rec.priced = (now, verdict.expected_s, request.deadline - now)
+        if verdict.expected_s is not None and request.deadline is not None and cost is not None:
+            full = cost.latency(min(self._cap(request.key), cost.curve.max_size)) * scale
+            if verdict.expected_s >= DEEP_BATCHES * full:  # behind a queue (WaitCalibration)
+                rec.priced = (now, verdict.expected_s, request.deadline - now)
         self._enqueue(rec, q, now)
         return verdict
 
