@@ -94,20 +94,22 @@ class WaitCalibration:
     """
 
     ratios: deque[float] = field(default_factory=lambda: deque(maxlen=WAITS_KEPT))
+    _factor: float = 1.0  # kept from the last observation: every submission reads it
 
     def observe(self, waited: float, expected: float, budget: float) -> None:
         """A priced request finished after ``waited`` seconds; admission expected
         ``expected`` of the ``budget`` seconds it had to its deadline."""
         if expected > 0 and expected >= EDGE_SHARE * budget:
             self.ratios.append(waited / expected)
+            n = len(self.ratios)
+            if n >= MIN_FINISHED:
+                ranked = sorted(self.ratios)
+                top = ranked[min(n - 1, math.ceil((1.0 - MISS_SHARE) * n) - 1)]
+                self._factor = max(1.0, top)
 
     def factor(self) -> float:
         """What admission multiplies an expected wait by (1.0 until enough were seen)."""
-        n = len(self.ratios)
-        if n < MIN_FINISHED:
-            return 1.0
-        ranked = sorted(self.ratios)
-        return max(1.0, ranked[min(n - 1, math.ceil((1.0 - MISS_SHARE) * n) - 1)])
+        return self._factor
 
 
 @dataclass(slots=True)
