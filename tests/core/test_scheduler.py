@@ -367,6 +367,8 @@ def test_admission_learns_the_observed_latency_of_the_device() -> None:
     s.on_scores(["r2"], ScoreResult((0.9,), 0.0, "gpu0"), 4.0)
     # The device swung between 3x and 1x: admission prices the average (2.6) plus one
     # standard deviation of the swings (0.8), 3.4 s for one batch, not 2.6 s.
+    assert s.priced_latency_scale("gpu0") == pytest.approx(3.4)
+    assert s.priced_latency_scale("cpu") == 1.0
     assert not s.submit(req(3, deadline=4.0 + 3.0), 4.0).admitted
     assert s.submit(req(4, deadline=4.0 + 3.5), 4.0).admitted
 

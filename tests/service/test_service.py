@@ -159,12 +159,15 @@ def test_metrics_parse_and_cover_the_service(server: Server) -> None:
     for name in ("renderq_queue_depth", "renderq_queue_seconds", "renderq_compute_seconds",
                  "renderq_batch_size", "renderq_device_seconds", "renderq_admission_rejections",
                  "renderq_qa", "renderq_request_seconds", "renderq_ready",
-                 "renderq_latency_scale", "renderq_renders_per_request",
-                 "renderq_admission_wait_stretch"):  # fmt: skip
+                 "renderq_latency_scale", "renderq_latency_scale_priced",
+                 "renderq_renders_per_request", "renderq_admission_wait_stretch"):  # fmt: skip
         assert name in families, name
-    # A batch has come back, so admission runs on a measured scale (positive, finite).
+    # A batch has come back, so admission runs on a measured scale (positive, finite),
+    # priced at least at its moving average.
     [scale] = families["renderq_latency_scale"].samples
     assert 0 < scale.value < 1e6 and scale.labels["device_class"]
+    [priced] = families["renderq_latency_scale_priced"].samples
+    assert priced.labels == scale.labels and scale.value <= priced.value < 1e6
     assert families["renderq_renders_per_request"].samples[0].value >= 1.0
     # Nothing was admitted near its deadline yet: no stretch.
     assert families["renderq_admission_wait_stretch"].samples[0].value == 1.0

@@ -240,6 +240,13 @@ class Scheduler:
         found = self._latency_scale.get(device_class)
         return found.mean if found is not None else 1.0
 
+    def priced_latency_scale(self, device_class: str) -> float:
+        """The scale admission multiplies its estimate by on a device class: the moving
+        average plus ``SCALE_Z`` of its spread, never below its slow mean
+        (``LatencyScale.priced``; 1.0 until a batch returns)."""
+        found = self._latency_scale.get(device_class)
+        return found.priced() if found is not None else 1.0
+
     def wait_stretch(self) -> float:
         """What admission multiplies an expected wait by (``core.admission.WaitCalibration``):
         how late the requests it admitted near their deadline have been finishing."""
@@ -270,8 +277,7 @@ class Scheduler:
             return _ADMITTED
         cost = self._stage_cost(request.key)
         dev = request.key.device_class
-        found = self._latency_scale.get(dev)
-        scale = found.priced() if found is not None else 1.0
+        scale = self.priced_latency_scale(dev)
         gated = request.qa and self.qa.enabled
         # A device no batch has come back from yet is priced by its curve alone, which may
         # be far off (one slow warm-up). Refusing every deadline would keep it unmeasured

@@ -84,7 +84,14 @@ class Metrics:
         self.ready = Gauge("renderq_ready", "1 once the model is loaded", registry=r)
         self.latency_scale = Gauge(
             "renderq_latency_scale",
-            "Observed over predicted render batch time (moving average) that admission applies",
+            "Observed over predicted render batch time (moving average of the last batches)",
+            ["device_class"],
+            registry=r,
+        )
+        self.latency_scale_priced = Gauge(
+            "renderq_latency_scale_priced",
+            "The latency scale admission prices with: the moving average plus one standard "
+            "deviation of its swings, never below its slow mean",
             ["device_class"],
             registry=r,
         )
@@ -312,5 +319,7 @@ class Dashboard:
         if device_class is not None:
             scale = sched.latency_scale(device_class)
             self.metrics.latency_scale.labels(device_class=device_class).set(scale)
+            priced = sched.priced_latency_scale(device_class)
+            self.metrics.latency_scale_priced.labels(device_class=device_class).set(priced)
         self.metrics.renders_per_request.set(sched.renders_per_request())
         self.metrics.wait_stretch.set(sched.wait_stretch())
