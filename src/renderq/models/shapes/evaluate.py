@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--weights", default=str(common.WEIGHTS_DIR), help="folder holding clip/ and mini-sd/"
     )
     parser.add_argument("--clip-images", type=int, default=1000)
-    parser.add_argument("--prompts", type=int, default=500)
+    parser.add_argument("--prompts", type=int, default=1500)
     parser.add_argument("--calibration-prompts", type=int, default=500)
     parser.add_argument("--batch-size", type=int, default=16, help="batch for the QA runs")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)
