@@ -9,7 +9,7 @@ checkout), and ``renderq@DIR`` for renderq from another source tree (for example
 ``git worktree`` of another commit: its ``src`` goes first on ``PYTHONPATH``). All serve
 the ``null`` model.
 
-Run: ``python benchmarks/peers/paired.py [--systems fastapi,renderq,renderq@/tmp/old]
+Run: ``python benchmarks/peers/paired.py [--systems fastapi,renderq,renderq@../other-checkout]
 [--turns 3000] [--rounds 2]``; prints each system's p50 and p99 per round, and the ratio
 to the first system's.
 """
@@ -54,7 +54,7 @@ def start(label: str, args: argparse.Namespace, root: Path) -> Server:
 
 def post(client: httpx.Client, server: Server, seed: int) -> float:
     """One request's seconds, client side; a failure stops the run."""
-    start = time.perf_counter()
+    t0 = time.perf_counter()
     if server.system == "renderq":
         r = client.post(
             f"{server.url}/v1/images/generations",
@@ -63,7 +63,7 @@ def post(client: httpx.Client, server: Server, seed: int) -> float:
         )
     else:
         r = client.post(f"{server.url}/predict", json={**BODY, "seed": seed})
-    took = time.perf_counter() - start
+    took = time.perf_counter() - t0
     if r.status_code != 200:
         raise SystemExit(f"{server.system} answered {r.status_code}: {r.text[:200]}")
     return took
