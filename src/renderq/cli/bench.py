@@ -72,7 +72,9 @@ def bench_command(
         float | None, typer.Option(help="Server: rate as a share of the limit.")
     ] = None,
     p99_bound: Annotated[float | None, typer.Option(help="Server: p99 latency bound, s.")] = None,
-    qa: Annotated[bool, typer.Option("--qa/--no-qa", help="Score and regenerate.")] = True,
+    qa: Annotated[
+        bool, typer.Option("--qa/--no-qa", metavar="", help="Score and regenerate.")
+    ] = True,
     failure_rates: Annotated[str, typer.Option(help="Simulated QA failure sweep.")] = "0.08",
     max_batch_size: Annotated[int | None, typer.Option(help="Cap below the profile's.")] = None,
     max_queue_delay: Annotated[
@@ -115,7 +117,8 @@ def bench_command(
         int, typer.Option(help="Attempts per prompt in all.")
     ] = _QA.max_attempts,
     compare_sim: Annotated[
-        bool, typer.Option("--compare-sim", help="Real: replay each run in the simulator.")
+        bool,
+        typer.Option("--compare-sim", metavar="", help="Real: replay each run in the simulator."),
     ] = False,
     reference_every: Annotated[
         int,
@@ -141,7 +144,9 @@ def bench_command(
         ),
     ] = STABILITY_BOUND,
     out: Annotated[Path | None, typer.Option(help="Write bench.json, bench.md, plots.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON report.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", metavar="", help="Print the JSON report.")
+    ] = False,
 ) -> None:
     """Run each mode over one scenario; report efficiency against the limit, cost, latency."""
     fidelity: list[dict[str, Any]] = []

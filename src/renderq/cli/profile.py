@@ -42,7 +42,10 @@ def profile_command(
     name: Annotated[str | None, typer.Option(help="Profile name.")] = None,
     out: Annotated[Path | None, typer.Option(help="Write the profile JSON here.")] = None,
     step_level: Annotated[
-        bool, typer.Option("--step-level", help="Time one denoising step by running-batch size.")
+        bool,
+        typer.Option(
+            "--step-level", metavar="", help="Time one denoising step by running-batch size."
+        ),
     ] = False,
     threads: Annotated[
         int, typer.Option(help="CPU threads for torch (0: the cores other work leaves free).")

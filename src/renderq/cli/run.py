@@ -95,6 +95,7 @@ def run(
     prompt_buckets: bool = typer.Option(
         True,
         "--prompt-buckets/--no-prompt-buckets",
+        metavar="",
         help="T5 pipelines (SD3, Flux): render each prompt at its length bucket's sequence "
         "length (default), or all at the pipeline's full padding.",
     ),

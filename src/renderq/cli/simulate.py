@@ -144,8 +144,9 @@ def simulate_command(
     score_in_workers: Annotated[
         bool,
         typer.Option(
+            metavar="",
             help="Each render worker scores its own batch after rendering it (run --images) "
-            "instead of one scorer worker scoring for all."
+            "instead of one scorer worker scoring for all.",
         ),
     ] = False,
     as_json: Annotated[
