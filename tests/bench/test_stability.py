@@ -73,6 +73,18 @@ def test_a_steady_executor_gives_a_stable_run_and_its_target_is_judged() -> None
     assert "| window | 1 | stable |" in table and "UNSTABLE" not in table
 
 
+def test_a_limit_off_this_machines_speed_is_said_beside_the_figures() -> None:
+    # Twice as slow as the limit from the start (a profile from a faster machine): steady,
+    # so stable, but a load given as a share of the limit offers twice that share here.
+    runs = Bench(Scripted(slow=2.0, slow_after=0)).run()
+    assert all(r.stability is not None and r.stability.stable for r in runs)
+    table = markdown(runs, LIMIT, "slower machine", BOUND)
+    assert "The limit is not this machine's speed" in table
+    assert "1.333 images/s, 0.50x the limit's 2.667" in table and "offered 2.00x" in table
+    steady = markdown(Bench(Scripted()).run(), LIMIT, "steady", BOUND)
+    assert "not this machine's speed" not in steady
+
+
 def test_an_executor_that_slows_mid_run_is_marked_unstable_and_no_target_is_met() -> None:
     # Three times slower from its 8th batch: two reference batches before, then the
     # window mode's batches of 4 with a reference batch after each 8 images.

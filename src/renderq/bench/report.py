@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from renderq.bench.harness import FIGURES, Limit, ModeRun, summarise
+from renderq.bench.stability import STABILITY_BOUND
 from renderq.core.cost import Profile
 from renderq.core.types import Stage
 
@@ -66,11 +68,36 @@ def markdown(
             )
             + ".",
         ]
+        lines += _limit_check(runs, limit)
     if judged:
         lines += ["", *_stability_lines(runs)]
     if rounds > 1:
         lines += ["", *summary_table(summarise(runs, p99_bound_s), rounds)]
     return "\n".join(lines) + "\n"
+
+
+def _limit_check(runs: Sequence[ModeRun], limit: Limit) -> list[str]:
+    """A warning where this machine's reference batches and the limit disagree.
+
+    The limit comes from the profile (``--profile``, perhaps measured on another day or
+    machine); a load given as a share of it is then a different share of what the device
+    does here. Beyond the stability bound (``STABILITY_BOUND`` unless the runs say), say so.
+    """
+    seen = [r.reference for r in runs if r.reference]
+    if not seen or limit.images_per_second <= 0:
+        return []
+    bound = next((r.stability.bound for r in runs if r.stability), STABILITY_BOUND)
+    ratio = statistics.median(seen) / limit.images_per_second
+    if 1 / (1 + bound) <= ratio <= 1 + bound:
+        return []
+    return [
+        "",
+        f"- **The limit is not this machine's speed**: the reference batches ran at "
+        f"{statistics.median(seen):.3f} images/s, {ratio:.2f}x the limit's "
+        f"{limit.images_per_second:.3f}, so a load given as a share of the limit offered "
+        f"{1 / ratio:.2f}x that share of what the device did here. Measure the profile on "
+        "this machine (leave out --profile) or give --rate.",
+    ]
 
 
 def _stability_lines(runs: Sequence[ModeRun]) -> list[str]:
