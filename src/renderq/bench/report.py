@@ -87,13 +87,14 @@ def _limit_check(runs: Sequence[ModeRun], limit: Limit) -> list[str]:
     if not seen or limit.images_per_second <= 0:
         return []
     bound = next((r.stability.bound for r in runs if r.stability), STABILITY_BOUND)
-    ratio = statistics.median(seen) / limit.images_per_second
+    rate = statistics.median(seen)
+    ratio = rate / limit.images_per_second
     if 1 / (1 + bound) <= ratio <= 1 + bound:
         return []
     return [
         "",
         f"- **The limit is not this machine's speed**: the reference batches ran at "
-        f"{statistics.median(seen):.3f} images/s, {ratio:.2f}x the limit's "
+        f"{rate:.3f} images/s, {ratio:.2f}x the limit's "
         f"{limit.images_per_second:.3f}, so a load given as a share of the limit offered "
         f"{1 / ratio:.2f}x that share of what the device did here. Measure the profile on "
         "this machine (leave out --profile) or give --rate.",
