@@ -17,6 +17,7 @@ from renderq.bench.fidelity import (
     calibrated_profile,
     replay,
     speed_trace,
+    step_handoff,
     step_speed_trace,
 )
 from renderq.bench.harness import Scenario
@@ -125,6 +126,19 @@ def test_a_step_loops_speed_is_each_step_over_its_running_sizes_median() -> None
     assert [f for _, f in got] == pytest.approx([1.0, 1.0, 2 / 3, 2.0, 4 / 3])
     # A trace without step times (a loop that did not record them) gives no speed.
     assert step_speed_trace(StepTrace(steps=[(1, 0.1)]), window=1) == ()
+
+
+def test_step_modes_hand_off_is_a_slots_hold_beyond_its_requests_stay_in_the_loop() -> None:
+    rec = Recording(
+        render_requests=[(("a", 0),), (("b", 0),), (("a", 1),), (("c", 0),), (("d", 0), ("e", 0))],
+        render_held=[1.0, 2.0, 0.5, 9.0, 9.0],
+    )
+    # c was never answered by the loop and d+e is no single request: neither counts.
+    trace = StepTrace(stays=[(("a", 0), 0.9), (("b", 0), 1.95), (("a", 1), 0.3), (("d", 0), 1.0)])
+    assert step_handoff(rec, trace) == pytest.approx(0.1)  # median of 0.1, 0.05, 0.2
+    # Clocks read on two threads can put a stay past its hold: never a negative hand-off.
+    assert step_handoff(rec, StepTrace(stays=[(("a", 0), 1.2)])) == 0.0
+    assert step_handoff(rec, StepTrace()) == 0.0
 
 
 def test_the_default_trace_drops_a_lone_slow_batch_but_keeps_a_slow_spell() -> None:

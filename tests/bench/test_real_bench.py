@@ -94,11 +94,13 @@ def test_step_mode_is_judged_and_replayed_by_its_loop_steps(
     [row] = report["compare_sim"]
     assert row["renders"]["real"] == row["renders"]["sim"]
     # The simulated loop runs on the real loop's own step costs, up to the cap of 4; a
-    # slot's hold time (a request's time beside others in the loop) is not a hand-off.
+    # slot's hold time (mostly a request's time beside others in the loop) is not a
+    # hand-off: only what it held beyond the request's stay in the loop is, well under
+    # one step.
     cost = row["step_cost"]
     assert cost["source"].startswith("measured") and cost["step_points"][-1][0] == 4
     assert all(secs > 0 for _, secs in cost["step_points"]) and cost["prepare_s"] > 0
-    assert row["calibration"]["render_overhead_s"] == 0.0
+    assert 0.0 <= row["calibration"]["render_overhead_s"] < cost["step_points"][0][1]
     # The machine's speed over the run is read from every step of the loop, as the drift.
     assert row["calibration"]["speed_steps"] == run["batches"] > 0
     assert 0 < row["calibration"]["speed_min"] <= row["calibration"]["speed_max"]

@@ -97,6 +97,16 @@ def test_step_mode_renders_each_attempt_as_alone_and_books_every_step(
     assert {ev.request.attempt for ev in accepted} == {0, 1}
     # Requests shared steps, and the ledger holds every request's share of the loop.
     assert max(loop.step_sizes) == 3 and len(loop.step_sizes) < sum(r.key.steps for r in reqs)
+    # The loop times each attempt's stay, which the engine's hold of its slot contains.
+    held = {
+        (r.id, r.attempt): st.held_s
+        for st in listener.steps
+        if st.kind is BatchKind.RENDER and st.batch is not None
+        for r in st.batch.requests
+    }
+    stays = dict(loop.trace.stays)
+    assert len(loop.trace.stays) == len(stays) == len(held) == len(reqs) + 1
+    assert all(0 < stays[k] <= held[k] for k in held)
     rendered = sum(st.render.device_seconds for st in listener.steps if st.kind is BatchKind.RENDER)
     booked = sched.ledger.report().seconds
     assert booked["render"] + booked["regen"] == pytest.approx(rendered)

@@ -178,6 +178,19 @@ def test_a_request_alone_in_step_mode_takes_its_steps() -> None:
     assert result.ledger.seconds["render"] == pytest.approx(0.01 + steps * 0.05)
 
 
+def test_a_replayed_hand_off_holds_each_step_mode_slot_but_is_not_booked() -> None:
+    from renderq.core.policies import StepSlots
+    from renderq.runtime.arrivals import Arrival
+
+    cost = StepCost(LatencyCurve((1, 8), (0.05, 0.2)), prepare_s=0.01)
+    steps = load_profile("mini-sd-cpu").steps
+    plain = _sim(StepSlots(8), (Arrival(0.0),), cost, failure_rate=0.0)
+    held = _sim(StepSlots(8), (Arrival(0.0),), cost, failure_rate=0.0, render_overhead_s=0.3)
+    # The image reaches the engine (and its scorer) 0.3 s after the loop answered it.
+    assert held.latencies[0] == pytest.approx(plain.latencies[0] + 0.3)
+    assert held.ledger.seconds["render"] == pytest.approx(0.01 + steps * 0.05)
+
+
 def test_a_replayed_speed_trace_slows_the_steps_run_in_a_slow_spell() -> None:
     from renderq.core.policies import StepSlots
     from renderq.runtime.arrivals import Arrival

@@ -53,13 +53,16 @@ class StepTrace:
 
     ``steps``: ``(running batch size, seconds)`` of every step; ``prepares``: seconds of
     every request's prepare; ``decodes``: ``(requests, seconds)`` of every decode batch;
-    ``started``: when each step began, on the loop's clock.
+    ``started``: when each step began, on the loop's clock; ``stays``: ``((request id,
+    attempt), seconds)`` of every request answered, from its hand-over to the loop to its
+    answer (what the engine held its slot for, less the hand-offs either side).
     """
 
     steps: list[tuple[int, float]] = field(default_factory=list)
     prepares: list[float] = field(default_factory=list)
     decodes: list[tuple[int, float]] = field(default_factory=list)
     started: list[float] = field(default_factory=list)
+    stays: list[tuple[tuple[str, int], float]] = field(default_factory=list)
 
     @classmethod
     def joined(cls, traces: Sequence[StepTrace]) -> StepTrace:
@@ -69,6 +72,7 @@ class StepTrace:
             [p for t in traces for p in t.prepares],
             [d for t in traces for d in t.decodes],
             [b for t in traces for b in t.started],
+            [s for t in traces for s in t.stays],
         )
 
 
@@ -76,6 +80,8 @@ class StepTrace:
 class _Waiting:
     state: StepState
     answer: Answer
+    since: float
+    """When the request was handed to the loop (the loop's clock)."""
 
 
 class StepLoop:
@@ -94,7 +100,9 @@ class StepLoop:
         self.cap = cap
         self.device_class = runner.device_class
         self._clock = clock
-        self._inbox: queue.SimpleQueue[tuple[Request, Answer] | _Call | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[tuple[Request, Answer, float] | _Call | None] = (
+            queue.SimpleQueue()
+        )
         #: Running-batch caps lowered by an out-of-memory step, per step key.
         self.fitted_caps: dict[StepKey, int] = {}
         self._batcher = StepBatcher(cap=lambda key: self.fitted_caps.get(key, self.cap))
@@ -117,7 +125,7 @@ class StepLoop:
         if self._closed or not self._thread.is_alive():
             raise WorkerLost(f"the step loop of {self.device_class!r} is not running")
         answer: Answer = Future()
-        self._inbox.put((request, answer))
+        self._inbox.put((request, answer, self._now()))
         return answer
 
     def call(self, fn: Callable[[], Any]) -> Any:
@@ -170,7 +178,7 @@ class StepLoop:
                 msg.run()
                 block = False
                 continue
-            request, answer = msg
+            request, answer, since = msg
             try:
                 state = self.runner.prepare(request)
             except Exception as exc:
@@ -179,7 +187,7 @@ class StepLoop:
                 )
             else:
                 self.trace.prepares.append(state.device_seconds)  # its prepare, so far
-                self._states[request.id] = _Waiting(state, answer)
+                self._states[request.id] = _Waiting(state, answer, since)
                 self._batcher.submit(request, self._now())
             block = False
 
@@ -226,8 +234,11 @@ class StepLoop:
         return list(items)
 
     def _answer(self, states: Sequence[StepState], items: Sequence[ItemResult]) -> None:
+        now = self._now()
         for s, item in zip(states, items, strict=True):
-            self._states.pop(s.request.id).answer.set_result((item, s.device_seconds))
+            waiting = self._states.pop(s.request.id)
+            self.trace.stays.append(((s.request.id, s.request.attempt), now - waiting.since))
+            waiting.answer.set_result((item, s.device_seconds))
 
     def _now(self) -> float:
         return self._clock()

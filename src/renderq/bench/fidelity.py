@@ -13,7 +13,9 @@ from the run itself:
   over five requests' worth of steps) and scales each simulated step;
 - the engine's hand-off time per batch: the median of how long the engine held a worker
   beyond the batch's device-seconds (the worker picking the batch up, the result coming
-  back to the loop), held in the simulation too but not booked.
+  back to the loop), held in the simulation too but not booked. In step mode a slot is
+  held while its request shares the loop with others, so the hand-off is what the engine
+  held it beyond the request's stay in the loop (:func:`step_handoff`).
 
 What is left to compare is the scheduling and the cost model: device-seconds and p99
 latency, with their relative errors. A replay on the medians alone (no speed trace, no
@@ -45,6 +47,19 @@ from renderq.runtime.sim import SimConfig, SimResult, simulate
 
 def _points(pairs: Sequence[tuple[int, float]]) -> list[list[float]]:
     return [[n, max(secs, 1e-9)] for n, secs in medians_by_size(pairs)]
+
+
+def step_handoff(rec: Recording, trace: StepTrace) -> float:
+    """Step mode's render hand-off: the median over requests of the seconds the engine held
+    a request's slot beyond its stay in the loop (the slot taking it to the loop, its answer
+    coming back to the engine), never negative; 0 when no request can be matched."""
+    stays = dict(trace.stays)
+    gaps = [
+        held - stays[ids[0]]
+        for ids, held in zip(rec.render_requests, rec.render_held, strict=True)
+        if len(ids) == 1 and ids[0] in stays
+    ]
+    return max(0.0, statistics.median(gaps)) if gaps else 0.0
 
 
 def _median_gap(batches: Sequence[tuple[int, float]], held: Sequence[float]) -> float:

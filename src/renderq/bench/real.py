@@ -62,6 +62,8 @@ class Recording:
     """Scoring and rendering took turns on one device class."""
     render_held: list[float] = field(default_factory=list)
     """Seconds the engine held the worker for each render batch (``batches``' order)."""
+    render_requests: list[tuple[tuple[str, int], ...]] = field(default_factory=list)
+    """Each render batch's ``(request id, attempt)`` pairs (``batches``' order)."""
     render_started: list[float] = field(default_factory=list)
     """When each render batch went to its worker (engine seconds), in step order."""
     score_held: list[float] = field(default_factory=list)
@@ -107,6 +109,7 @@ class _Recorder:
             self.rec.batches.append((step.batch.size, step.render.device_seconds * scale))
             self.rec.batch_steps.append(step.batch.key.steps)
             self.rec.render_held.append(step.held_s)
+            self.rec.render_requests.append(tuple((r.id, r.attempt) for r in step.batch.requests))
             self.rec.render_started.append(now - step.held_s)
         if step.score is not None and step.scored:
             self.rec.scores.append((len(step.scored), step.score.device_seconds))

@@ -13,6 +13,7 @@ from renderq.bench.fidelity import (
     Fidelity,
     calibrated_profile,
     replay,
+    step_handoff,
     step_speed_trace,
 )
 from renderq.bench.harness import (
@@ -206,9 +207,9 @@ def _one_mode(
     calibration = Calibration.of(rec)
     step_cost = None
     if trace is not None:
-        # The loop's own steps price the simulated loop. Its slots' hold times are each
-        # request's time in the loop beside others, not a hand-off, and its single-request
-        # shares are no batch speed: neither calibrates step mode (its steps do).
+        # The loop's own steps price the simulated loop (its single-request shares are no
+        # batch speed). A slot's hold time is mostly its request's stay in the loop beside
+        # others; only what the engine held it beyond that stay is a hand-off.
         step_cost = StepCost.from_trace(
             trace.steps, trace.prepares, trace.decodes, cap=policy.max_batch_size
         )
@@ -216,7 +217,9 @@ def _one_mode(
         # the simulated loop models itself: that wait is no hand-off either.
         # The machine's speed over the run is read from the loop's steps, as the drift is.
         score_s = 0.0 if rec.shared_device else calibration.score_overhead_s
-        calibration = Calibration(score_overhead_s=score_s, speed=step_speed_trace(trace, window))
+        calibration = Calibration(
+            step_handoff(rec, trace), score_s, step_speed_trace(trace, window)
+        )
     sims = [
         replay(
             policy,

@@ -69,7 +69,8 @@ class SimConfig:
     #: engine does when the scorer's device class renders too; default: they overlap.
     share_device: bool = False
     #: Seconds a worker stays held per render or score batch beyond its device-seconds
-    #: (the real engine's hand-offs, measured by ``--compare-sim``); not booked.
+    #: (the real engine's hand-offs, measured by ``--compare-sim``; in step mode a slot's
+    #: beyond its request's stay in the loop); not booked.
     render_overhead_s: float = 0.0
     score_overhead_s: float = 0.0
     #: The machine's speed over the run, ``(t, factor)`` steps scaling each render batch
@@ -211,7 +212,7 @@ class _Loop:
         for at, payload in scored:
             self.push(at, _SCORED, payload)
         for batch, result in results:
-            self.push(end, _RENDERED, (batch, result))
+            self.push(end + self.cfg.render_overhead_s, _RENDERED, (batch, result))
         loop.running = not loop.batcher.idle()
         if loop.running:
             self.push(end, _STEP, index)
