@@ -41,6 +41,11 @@ def test_jsonl_with_overrides(tmp_path: Path) -> None:
         ("p.jsonl", '{"prompt": "ok", "size": "big"}\n', "p.jsonl:1: 'size' must be"),
         ("p.jsonl", "[1, 2]\n", "p.jsonl:1: each line must be a JSON object"),
         ("p.txt", "\n\n", "no prompts"),
+        (
+            "p.txt",
+            'a red circle\n{"prompt": "a blue square", "seed": 7}\n',
+            "p.txt:2: a JSONL line in a plain-text prompts file",
+        ),
     ],
 )
 def test_bad_input_names_the_line(tmp_path: Path, name: str, text: str, message: str) -> None:
@@ -49,6 +54,12 @@ def test_bad_input_names_the_line(tmp_path: Path, name: str, text: str, message:
     with pytest.raises(ConfigError) as info:
         read_prompts(p)
     assert message in str(info.value)
+
+
+def test_a_plain_prompt_may_start_with_a_brace(tmp_path: Path) -> None:
+    p = tmp_path / "p.txt"
+    p.write_text("a red circle\n{red} circle, not JSON\n", encoding="utf-8")
+    assert [s.prompt for s in read_prompts(p)] == ["a red circle", "{red} circle, not JSON"]
 
 
 def test_missing_file(tmp_path: Path) -> None:

@@ -89,6 +89,11 @@ def _parse_line(path: Path, n: int, line: str, jsonl: bool) -> PromptSpec:
     if not jsonl:
         if not line.strip():
             raise ConfigError(f"{where}: empty prompt")
+        if _json_prompt(line):
+            raise ConfigError(
+                f"{where}: a JSONL line in a plain-text prompts file (its first line is not "
+                "JSON, so every line is read as a prompt): write every line as JSONL, or none"
+            )
         return PromptSpec(n, line.strip())
     try:
         obj = json.loads(line)
@@ -126,6 +131,17 @@ def _parse_line(path: Path, n: int, line: str, jsonl: bool) -> PromptSpec:
         steps=_int(where, obj, "steps", minimum=1),
         lora=lora.strip(),
     )
+
+
+def _json_prompt(line: str) -> bool:
+    """Whether a plain-text line is a JSONL prompt object (not a prompt to render)."""
+    if not line.lstrip().startswith("{"):
+        return False
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(obj, dict) and "prompt" in obj
 
 
 def _int(
