@@ -126,8 +126,8 @@ def test_real_bench_on_a_pool_of_two_workers(
     assert res.exit_code == 0, res.output
     report = json.loads(res.output[res.output.index("{") :])
     # Step mode ran a loop per device, in this process, and both took requests.
-    assert len(loops) == 2 and all(loop.step_sizes for loop in loops)
-    assert max(n for loop in loops for n in loop.step_sizes) <= 4
+    assert len(loops) == 2 and all(loop.trace.steps for loop in loops)
+    assert max(n for loop in loops for n, _ in loop.trace.steps) <= 4
     for m in report["modes"].values():
         assert m["accepted"] + m["escalated"] == 16
         # Two references before the mode and two after, all on the pool's first worker

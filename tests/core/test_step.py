@@ -193,6 +193,19 @@ def test_bad_calls_name_the_bad_value() -> None:
         b.cancel("a")
 
 
+def test_a_request_that_left_can_be_forgotten_one_still_here_cannot() -> None:
+    b = StepBatcher(cap=2)
+    b.submit(req("a", 1), 0.0)
+    b.submit(req("b", 2), 0.0)
+    b.plan(0.0)
+    assert [r.id for r in b.on_step(["a"], 0.2, 0.2)] == ["a"]
+    assert b.spent == {"a": 0.1, "b": 0.1}
+    with pytest.raises(ConfigError, match="'b' is still in the step batcher"):
+        b.forget("b")
+    b.forget("a")  # a long-lived shell keeps no record of it
+    assert b.spent == {"b": 0.1}
+
+
 def _run(reqs: list[Request], cap: int, seed: int) -> tuple[Shell, set[str], set[str]]:
     """Drive a workload to the end; some results regenerate once, some requests cancel."""
     rng = random.Random(seed)

@@ -438,7 +438,7 @@ def test_step_mode_on_two_devices_runs_a_loop_on_each_and_accepts_what_one_loop_
     ref, ref_out = _run(tmp, "step-one", "--mode", "step")
     assert len(loops) == 1
     summary, out = _run(tmp, "step-two", "--mode", "step", "--devices", "cpu:1,cpu:1")
-    assert len(loops) == 3 and all(loop.step_sizes for loop in loops[1:])  # both loops ran
+    assert len(loops) == 3 and all(loop.steps_run for loop in loops[1:])  # both loops ran
     assert summary["accepted"] == ref["accepted"] and summary["escalated"] == ref["escalated"]
     _same_images(_accepted(out), _accepted(ref_out))
 

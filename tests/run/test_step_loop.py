@@ -19,7 +19,7 @@ import pytest
 from renderq.backends.diffusers import DiffusersExecutor
 from renderq.backends.registry import resolve
 from renderq.backends.step import StepExecutor
-from renderq.backends.step_loop import StepLoop
+from renderq.backends.step_loop import StepLoop, StepTrace
 from renderq.core.errors import ConfigError, WorkerLost
 from renderq.core.events import Accepted, Escalated, Regenerating
 from renderq.core.policies import StepSlots
@@ -71,7 +71,7 @@ def _req(ex: DiffusersExecutor, i: int, steps: int) -> Request:
 def test_step_mode_renders_each_attempt_as_alone_and_books_every_step(
     mini64: DiffusersExecutor,
 ) -> None:
-    loop = StepLoop(StepExecutor(mini64.pipeline, mini64.model), cap=3)
+    loop = StepLoop(StepExecutor(mini64.pipeline, mini64.model), cap=3, record=True)
     listener = RecordingListener()
     sched = Scheduler(StepSlots(3), qa=QAPolicy(threshold=0.5, max_attempts=2))
     engine = RealtimeEngine(sched, {"cpu": loop.slots()}, FirstImageFails(FAILS_FIRST), listener)
@@ -96,7 +96,9 @@ def test_step_mode_renders_each_attempt_as_alone_and_books_every_step(
         assert np.abs(images[r.id].astype(int) - ref.astype(int)).max() <= 1, r.id
     assert {ev.request.attempt for ev in accepted} == {0, 1}
     # Requests shared steps, and the ledger holds every request's share of the loop.
-    assert max(loop.step_sizes) == 3 and len(loop.step_sizes) < sum(r.key.steps for r in reqs)
+    sizes = [n for n, _ in loop.trace.steps]
+    assert max(sizes) == 3 and len(sizes) == loop.steps_run < sum(r.key.steps for r in reqs)
+    assert sum(sizes) == loop.rows_run
     # The loop times each attempt's stay, which the engine's hold of its slot contains.
     held = {
         (r.id, r.attempt): st.held_s
@@ -111,6 +113,19 @@ def test_step_mode_renders_each_attempt_as_alone_and_books_every_step(
     booked = sched.ledger.report().seconds
     assert booked["render"] + booked["regen"] == pytest.approx(rendered)
     assert rendered > 0
+
+
+def test_a_loop_that_does_not_record_keeps_counts_not_a_trace(mini64: DiffusersExecutor) -> None:
+    # A service's loop lives for months: it must not grow with every step it runs.
+    loop = StepLoop(StepExecutor(mini64.pipeline, mini64.model), cap=2)
+    [slot, _] = loop.slots()
+    try:
+        r = _req(mini64, 0, 3)
+        assert slot.run(Batch(1, r.key, (r,), 0.0, 1)).items[0].ok
+    finally:
+        loop.close()
+    assert (loop.steps_run, loop.rows_run) == (3, 3)
+    assert loop.trace == StepTrace()
 
 
 def test_a_request_that_cannot_be_prepared_fails_alone(mini64: DiffusersExecutor) -> None:
@@ -171,7 +186,7 @@ def test_an_interactive_request_takes_a_reserved_slot_and_preempts_a_running_bul
     mini64: DiffusersExecutor,
 ) -> None:
     # A running batch of 2, plus 1 slot that only priority >= 10 may take.
-    loop = StepLoop(StepExecutor(mini64.pipeline, mini64.model), cap=2)
+    loop = StepLoop(StepExecutor(mini64.pipeline, mini64.model), cap=2, record=True)
     listener = RecordingListener()
     sched = Scheduler(
         StepSlots(2), qa=QAPolicy(enabled=False), reserve=Reserve(workers=1, min_priority=10)
@@ -183,7 +198,7 @@ def test_an_interactive_request_takes_a_reserved_slot_and_preempts_a_running_bul
     urgent = dataclasses.replace(_req(mini64, 9, 2), id="urgent", priority=10)
 
     def submit_when_running() -> None:
-        while len(loop.step_sizes) < 2:  # the bulk batch has taken two steps
+        while loop.steps_run < 2:  # the bulk batch has taken two steps
             time.sleep(0.005)
         assert engine.call(lambda now: sched.submit(urgent, now)).result().admitted
 
@@ -198,7 +213,7 @@ def test_an_interactive_request_takes_a_reserved_slot_and_preempts_a_running_bul
     assert sorted(done) == sorted([*(r.id for r in bulk), "urgent"])
     # Only two bulk requests ever ran at once (the third slot was kept), the urgent one
     # displaced one of them and finished first; the displaced one resumed where it stopped.
-    assert loop.preemptions >= 1 and max(loop.step_sizes) == 2
+    assert loop.preemptions >= 1 and max(n for n, _ in loop.trace.steps) == 2
     assert done[0] == "urgent"
     images = {rid: im for st in listener.steps for rid, im in st.images.items()}
     for r in [*bulk, urgent]:

@@ -138,3 +138,21 @@ def test_step_mode_is_refused_where_it_cannot_run(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match=r"mode 'step' drives a diffusers pipeline.*'null'"):
         Workers.start(load_config(None, mode="step", model="null"), NullExecutor())
+
+
+def test_the_services_step_loops_count_their_steps_but_keep_no_trace(
+    models: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A service's loops live as long as it does: a trace of every step would grow for ever.
+    from renderq.backends.diffusers import DiffusersExecutor
+    from renderq.service.config import load_config
+    from renderq.service.loading import Workers
+    from tests.step_loops import capture_step_loops
+
+    loops = capture_step_loops(monkeypatch)
+    executor = DiffusersExecutor.load(str(models[0]), name=str(models[0]))
+    workers = Workers.start(load_config(None, mode="step", model=str(models[0])), executor)
+    try:
+        assert len(loops) == 1 and not loops[0].record
+    finally:
+        workers.close()

@@ -93,7 +93,11 @@ class StepLoop:
         cap: int,
         *,
         clock: Callable[[], float] = time.monotonic,
+        record: bool = False,
     ) -> None:
+        """``record``: keep every step, prepare, decode and stay in :attr:`trace` (a bench
+        and its replay read them); otherwise only counts, so that a loop that lives as long
+        as a service does not grow with every step it runs."""
         if cap < 1:
             raise ConfigError(f"the step batch cap must be >= 1, got {cap}")
         self.runner = runner
@@ -107,9 +111,11 @@ class StepLoop:
         self.fitted_caps: dict[StepKey, int] = {}
         self._batcher = StepBatcher(cap=lambda key: self.fitted_caps.get(key, self.cap))
         self._states: dict[str, _Waiting] = {}
-        #: Running-batch size of every step, in order (for reports).
-        self.step_sizes: list[int] = []
-        #: Each step's, prepare's and decode's seconds (see :class:`StepTrace`).
+        #: Steps run, and the requests they ran in all (their ratio: the mean running batch).
+        self.steps_run = 0
+        self.rows_run = 0
+        #: With ``record``: each step's, prepare's, decode's and stay's seconds.
+        self.record = record
         self.trace = StepTrace()
         self.preemptions = 0
         self._closed = False
@@ -186,7 +192,8 @@ class StepLoop:
                     (ItemResult(request.id, error=f"{type(exc).__name__}: {exc}"), 0.0)
                 )
             else:
-                self.trace.prepares.append(state.device_seconds)  # its prepare, so far
+                if self.record:
+                    self.trace.prepares.append(state.device_seconds)  # its prepare, so far
                 self._states[request.id] = _Waiting(state, answer, since)
                 self._batcher.submit(request, self._now())
             block = False
@@ -211,9 +218,11 @@ class StepLoop:
             self._batcher.on_step([s.request.id for s in running], 0.0, self._now())
             self._answer(running, [_error(s, exc) for s in running])
             return
-        self.step_sizes.append(len(running))
-        self.trace.steps.append((len(running), seconds))
-        self.trace.started.append(began)
+        self.steps_run += 1
+        self.rows_run += len(running)
+        if self.record:
+            self.trace.steps.append((len(running), seconds))
+            self.trace.started.append(began)
         done = [s for s in running if s.done]
         self._batcher.on_step([s.request.id for s in done], seconds, self._now())
         if not done:
@@ -230,14 +239,17 @@ class StepLoop:
                 half = len(done) // 2
                 return [*self._decode(done[:half]), *self._decode(done[half:])]
             return [_error(s, exc) for s in done]
-        self.trace.decodes.append((len(done), sum(s.device_seconds for s in done) - before))
+        if self.record:
+            self.trace.decodes.append((len(done), sum(s.device_seconds for s in done) - before))
         return list(items)
 
     def _answer(self, states: Sequence[StepState], items: Sequence[ItemResult]) -> None:
         now = self._now()
         for s, item in zip(states, items, strict=True):
             waiting = self._states.pop(s.request.id)
-            self.trace.stays.append(((s.request.id, s.request.attempt), now - waiting.since))
+            self._batcher.forget(s.request.id)  # the loop books from its states' seconds
+            if self.record:
+                self.trace.stays.append(((s.request.id, s.request.attempt), now - waiting.since))
             waiting.answer.set_result((item, s.device_seconds))
 
     def _now(self) -> float:
@@ -295,6 +307,7 @@ def step_workers(
     cap: int,
     reserved: int = 0,
     clock: Callable[[], float] = time.monotonic,
+    record: bool = False,
 ) -> Iterator[tuple[StepLoop, dict[str, list[Executor]]]]:
     """Step mode on a loaded pipeline: its loop and the slots to hand the engine, by class.
 
@@ -302,13 +315,14 @@ def step_workers(
     step executor cannot drive (LCM-style UNets, other families) is refused with a ConfigError.
     ``reserved``: slots beyond the running batch's ``cap``, for the scheduler to keep for
     urgent work (``core.scheduler.Reserve``), so that it can preempt a running request.
-    ``clock``: the loop's (its trace's step times).
+    ``clock``: the loop's (its trace's step times); ``record``: whether it keeps its trace
+    (:class:`StepLoop`).
     """
     runner = StepExecutor(
         executor.pipeline, executor.model, device=executor.device,
         precision=executor.precision, device_class=executor.device_class,
     )  # fmt: skip
-    loop = StepLoop(runner, cap, clock=clock)
+    loop = StepLoop(runner, cap, clock=clock, record=record)
     try:
         yield loop, {loop.device_class: loop.slots(cap + reserved)}
     finally:
@@ -321,15 +335,16 @@ def step_pool(
     cap: int,
     reserved: int = 0,
     clock: Callable[[], float] = time.monotonic,
+    record: bool = False,
 ) -> Iterator[tuple[list[StepLoop], list[Executor]]]:
     """A step loop on each of ``executors`` (one device each, of one class) and all their
     slots, interleaved so that the free ones of every loop are taken in turn: bulk work
     spreads over the loops instead of filling the first. ``cap``, ``reserved``: per loop,
-    and ``clock``, as :func:`step_workers`."""
+    and ``clock`` and ``record``, as :func:`step_workers`."""
     with ExitStack() as stack:
         loops, slots = [], []
         for ex in executors:
-            loop, by_class = stack.enter_context(step_workers(ex, cap, reserved, clock))
+            loop, by_class = stack.enter_context(step_workers(ex, cap, reserved, clock, record))
             loops.append(loop)
             slots.append(by_class[loop.device_class])
         yield loops, [s for group in zip(*slots, strict=True) for s in group]

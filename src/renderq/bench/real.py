@@ -244,7 +244,7 @@ class RealBench:
                     raise ConfigError("step mode with --devices needs a pipeline per device")
                 pipelines = self.step_pipelines or [pipeline_of(self.executor)]
                 loops, lanes = stack.enter_context(
-                    step_pool(pipelines, policy.max_batch_size or 16, clock=clock)
+                    step_pool(pipelines, policy.max_batch_size or 16, clock=clock, record=True)
                 )
                 executors = {loops[0].device_class: lanes}
                 turns = loops[0].beside(scorer)  # scoring at the first loop's step boundaries

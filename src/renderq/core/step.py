@@ -188,6 +188,13 @@ class StepBatcher:
         self._running = [rid for rid in self._running if rid not in gone]
         return left
 
+    def forget(self, request_id: str) -> None:
+        """Drop the seconds booked to a request that has left (a shell that lives long calls
+        this to bound its memory, as with ``Scheduler.forget``); one still here is refused."""
+        if request_id in self._entries:
+            raise ConfigError(f"request {request_id!r} is still in the step batcher")
+        self.spent.pop(request_id, None)
+
     def cancel(self, request_id: str) -> Phase:
         """Drop a waiting or paused request (a running one leaves at its next boundary).
 

@@ -568,9 +568,12 @@ def _drive(
     wall = time.monotonic() - started
     runners: list[Any] = [s.runner for s in steps] or [executor]
     share, threads = _cpu_share(*runners, scorer)
-    sizes = [n for s in steps for n in s.step_sizes] if steps else listener.batch_sizes
+    if steps:  # in step mode a batch is a step of the running batch
+        n, rows = sum(s.steps_run for s in steps), sum(s.rows_run for s in steps)
+    else:
+        n, rows = len(listener.batch_sizes), sum(listener.batch_sizes)
     return summarise(
-        settings.batching.mode, str(settings.out), store, report, sizes, wall,
+        settings.batching.mode, str(settings.out), store, report, (n, rows / n if n else 0.0), wall,
         submitted=len(todo), cpu_share=share, threads=threads,
     )  # fmt: skip
 

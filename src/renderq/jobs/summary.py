@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import statistics
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,14 +121,15 @@ def summarise(
     out: str,
     store: JobStore,
     report: LedgerReport,
-    batch_sizes: Sequence[int],
+    batches: tuple[int, float],
     wall_s: float,
     *,
     submitted: int,
     cpu_share: float | None = None,
     threads: int | None = None,
 ) -> RunSummary:
-    """The summary of a finished run, from the store (whole job) and this run's batches."""
+    """The summary of a finished run, from the store (whole job) and this run's batches
+    (``batches``: how many, and their mean size)."""
     counts = store.counts()
     return RunSummary(
         mode=mode,
@@ -141,8 +140,8 @@ def summarise(
         escalated=sum(counts.get(s, 0) for s in ("escalated", "rejected", "edited")),
         pending=counts.get("pending", 0),
         submitted=submitted,
-        batches=len(batch_sizes),
-        mean_batch_size=statistics.fmean(batch_sizes) if batch_sizes else 0.0,
+        batches=batches[0],
+        mean_batch_size=batches[1],
         wall_s=wall_s,
         runs=store.runs(),
         ledger=report,
