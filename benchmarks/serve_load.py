@@ -160,11 +160,21 @@ def picked_threads(root: Path) -> int | None:
     return int(found.group(1)) if found else None
 
 
+DEVICE_SECONDS = "renderq_device_seconds_total"
+
+
 def gauge(url: str, name: str) -> float:
-    """One unlabelled gauge of the server's ``/metrics`` (NaN if it has none)."""
+    """A gauge of the server's ``/metrics``: its first sample, labelled or not (NaN if it has
+    none; the service's labelled gauges have one device class)."""
     text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
-    found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+    found = re.search(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
     return float(found.group(1)) if found else math.nan
+
+
+def metric_total(url: str, name: str) -> float:
+    """The sum of every sample of ``name`` on the server's ``/metrics`` (0 if none)."""
+    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
+    return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
 
 
 def measure(
@@ -183,7 +193,10 @@ def measure(
         rows = []
         for i, factor in enumerate(float(f) for f in args.loads.split(",")):
             busy_before = os.getloadavg()[0]
+            booked, started = metric_total(url, DEVICE_SECONDS), time.monotonic()
             outs, window = asyncio.run(load(url, factor * base, args, seed=i))
+            booked = metric_total(url, DEVICE_SECONDS) - booked
+            took = time.monotonic() - started
             ok = [o for o in outs if o.status == 200]
             # Images answered per second once the queue has filled: from the deadline (or
             # half the window) to the end of the arrivals. Counting every admitted image
@@ -214,6 +227,11 @@ def measure(
                     "loadavg": [busy_before, os.getloadavg()[0]],
                     # What admission stretched its expected waits by at the end of the load.
                     "wait_stretch": gauge(url, "renderq_admission_wait_stretch"),
+                    # The device's seconds booked over the load's wall time (its answers
+                    # included): below 1 it idled; and how much slower its batches ran
+                    # than the warm-up said, as admission prices it.
+                    "device_busy": booked / took,
+                    "latency_scale": gauge(url, "renderq_latency_scale_priced"),
                 }
             )
             time.sleep(args.deadline)  # let the queue drain between loads
@@ -294,15 +312,17 @@ def main() -> None:
     )
     print(
         "| threads | load | offered/s | sent | served/s | admitted | p50 s | p99 s | max s "
-        "| missed deadline | refusals | wait stretch | peak RSS MiB | load average |"
+        "| missed deadline | refusals | wait stretch | device busy | latency scale "
+        "| peak RSS MiB | load average |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['threads']} | {r['load']}x | {r['offered_per_s']:.2f} | {r['sent']} | "
             f"{r['served_per_s']:.2f} | {r['admitted_share']:.1%} | {r['p50_s']:.2f} | "
             f"{r['p99_s']:.2f} | {r['max_s']:.2f} | {r['missed_deadline_share']:.1%} | "
             f"{', '.join(r['refusals']) or '-'} | {r['wait_stretch']:.3f} | "
+            f"{r['device_busy']:.0%} | {r['latency_scale']:.2f} | "
             f"{r['peak_rss_mib']:.0f} | "
             f"{r['loadavg'][0]:.1f}-{r['loadavg'][1]:.1f} |"
         )
