@@ -163,18 +163,16 @@ def picked_threads(root: Path) -> int | None:
 DEVICE_SECONDS = "renderq_device_seconds_total"
 
 
+def samples(url: str, name: str) -> list[float]:
+    """Every sample of ``name`` on the server's ``/metrics``, labelled or not."""
+    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
+    return [float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M)]
+
+
 def gauge(url: str, name: str) -> float:
-    """A gauge of the server's ``/metrics``: its first sample, labelled or not (NaN if it has
-    none; the service's labelled gauges have one device class)."""
-    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
-    found = re.search(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
-    return float(found.group(1)) if found else math.nan
-
-
-def metric_total(url: str, name: str) -> float:
-    """The sum of every sample of ``name`` on the server's ``/metrics`` (0 if none)."""
-    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
-    return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+    """A gauge's first sample (NaN if none; the service's labelled gauges have one device
+    class)."""
+    return next(iter(samples(url, name)), math.nan)
 
 
 def measure(
@@ -193,9 +191,9 @@ def measure(
         rows = []
         for i, factor in enumerate(float(f) for f in args.loads.split(",")):
             busy_before = os.getloadavg()[0]
-            booked, started = metric_total(url, DEVICE_SECONDS), time.monotonic()
+            booked, started = sum(samples(url, DEVICE_SECONDS)), time.monotonic()
             outs, window = asyncio.run(load(url, factor * base, args, seed=i))
-            booked = metric_total(url, DEVICE_SECONDS) - booked
+            booked = sum(samples(url, DEVICE_SECONDS)) - booked
             took = time.monotonic() - started
             ok = [o for o in outs if o.status == 200]
             # Images answered per second once the queue has filled: from the deadline (or

@@ -30,7 +30,7 @@ whether the simulated p99 falls inside it. With 200 requests the interval has no
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,18 +54,22 @@ def step_handoff(rec: Recording, trace: StepTrace) -> float:
     a request's slot beyond its stay in the loop (the slot taking it to the loop, its answer
     coming back to the engine), never negative; 0 when no request can be matched."""
     stays = dict(trace.stays)
-    gaps = [
+    return _median_excess(
         held - stays[ids[0]]
         for ids, held in zip(rec.render_requests, rec.render_held, strict=True)
         if len(ids) == 1 and ids[0] in stays
-    ]
-    return max(0.0, statistics.median(gaps)) if gaps else 0.0
+    )
 
 
 def _median_gap(batches: Sequence[tuple[int, float]], held: Sequence[float]) -> float:
     """Median of held seconds minus device-seconds over batches (never negative)."""
-    gaps = [h - secs for (_, secs), h in zip(batches, held, strict=True)]
-    return max(0.0, statistics.median(gaps)) if gaps else 0.0
+    return _median_excess(h - secs for (_, secs), h in zip(batches, held, strict=True))
+
+
+def _median_excess(gaps: Iterable[float]) -> float:
+    """The median of ``gaps``, never negative; 0 when there are none."""
+    found = list(gaps)
+    return max(0.0, statistics.median(found)) if found else 0.0
 
 
 REAL_P99_CONFIDENCE = 0.95
