@@ -163,16 +163,29 @@ def picked_threads(root: Path) -> int | None:
 DEVICE_SECONDS = "renderq_device_seconds_total"
 
 
-def samples(url: str, name: str) -> list[float]:
-    """Every sample of ``name`` on the server's ``/metrics``, labelled or not."""
+def samples(url: str, name: str, where: str = "") -> list[float]:
+    """Every sample of ``name`` on the server's ``/metrics`` whose labels hold ``where``."""
     text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
-    return [float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M)]
+    found = re.findall(rf"^{name}(?:{{([^}}]*)}})? (\S+)$", text, re.M)
+    return [float(v) for labels, v in found if where in labels]
 
 
 def gauge(url: str, name: str) -> float:
     """A gauge's first sample (NaN if none; the service's labelled gauges have one device
     class)."""
     return next(iter(samples(url, name)), math.nan)
+
+
+def totals(url: str) -> dict[str, float]:
+    """The service's running totals a load's row is the difference of: device-seconds (all,
+    and those of regenerations), render batches and the requests in them."""
+    return {
+        "device_s": sum(samples(url, DEVICE_SECONDS)),
+        "regen_s": sum(samples(url, DEVICE_SECONDS, 'stage="regen"'))
+        + sum(samples(url, DEVICE_SECONDS, 'stage="rescore"')),
+        "batches": sum(samples(url, "renderq_batch_size_count")),
+        "batched": sum(samples(url, "renderq_batch_size_sum")),
+    }
 
 
 def measure(
@@ -191,9 +204,9 @@ def measure(
         rows = []
         for i, factor in enumerate(float(f) for f in args.loads.split(",")):
             busy_before = os.getloadavg()[0]
-            booked, started = sum(samples(url, DEVICE_SECONDS)), time.monotonic()
+            before, started = totals(url), time.monotonic()
             outs, window = asyncio.run(load(url, factor * base, args, seed=i))
-            booked = sum(samples(url, DEVICE_SECONDS)) - booked
+            used = {k: v - before[k] for k, v in totals(url).items()}
             took = time.monotonic() - started
             ok = [o for o in outs if o.status == 200]
             # Images answered per second once the queue has filled: from the deadline (or
@@ -228,7 +241,12 @@ def measure(
                     # The device's seconds booked over the load's wall time (its answers
                     # included): below 1 it idled; and how much slower its batches ran
                     # than the warm-up said, as admission prices it.
-                    "device_busy": booked / took,
+                    "device_busy": used["device_s"] / took,
+                    # Where the device's time went: per image answered, the share spent on
+                    # regenerations, and the render batches' mean size.
+                    "device_s_per_image": used["device_s"] / len(ok) if ok else math.nan,
+                    "regen_share": used["regen_s"] / used["device_s"] if used["device_s"] else 0.0,
+                    "mean_batch": used["batched"] / used["batches"] if used["batches"] else 0.0,
                     "latency_scale": gauge(url, "renderq_latency_scale_priced"),
                 }
             )
@@ -311,9 +329,9 @@ def main() -> None:
     print(
         "| threads | load | offered/s | sent | served/s | admitted | p50 s | p99 s | max s "
         "| missed deadline | refusals | wait stretch | device busy | latency scale "
-        "| peak RSS MiB | load average |"
+        "| device-s/image | regen share | mean batch | peak RSS MiB | load average |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['threads']} | {r['load']}x | {r['offered_per_s']:.2f} | {r['sent']} | "
@@ -321,6 +339,7 @@ def main() -> None:
             f"{r['p99_s']:.2f} | {r['max_s']:.2f} | {r['missed_deadline_share']:.1%} | "
             f"{', '.join(r['refusals']) or '-'} | {r['wait_stretch']:.3f} | "
             f"{r['device_busy']:.0%} | {r['latency_scale']:.2f} | "
+            f"{r['device_s_per_image']:.3f} | {r['regen_share']:.0%} | {r['mean_batch']:.2f} | "
             f"{r['peak_rss_mib']:.0f} | "
             f"{r['loadavg'][0]:.1f}-{r['loadavg'][1]:.1f} |"
         )
