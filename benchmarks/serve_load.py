@@ -163,9 +163,13 @@ def picked_threads(root: Path) -> int | None:
 DEVICE_SECONDS = "renderq_device_seconds_total"
 
 
-def samples(url: str, name: str, where: str = "") -> list[float]:
-    """Every sample of ``name`` on the server's ``/metrics`` whose labels hold ``where``."""
-    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
+def metrics(url: str) -> str:
+    """The server's ``/metrics`` text."""
+    return httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
+
+
+def samples(text: str, name: str, where: str = "") -> list[float]:
+    """Every sample of ``name`` in a ``/metrics`` text whose labels hold ``where``."""
     found = re.findall(rf"^{name}(?:{{([^}}]*)}})? (\S+)$", text, re.M)
     return [float(v) for labels, v in found if where in labels]
 
@@ -173,18 +177,19 @@ def samples(url: str, name: str, where: str = "") -> list[float]:
 def gauge(url: str, name: str) -> float:
     """A gauge's first sample (NaN if none; the service's labelled gauges have one device
     class)."""
-    return next(iter(samples(url, name)), math.nan)
+    return next(iter(samples(metrics(url), name)), math.nan)
 
 
 def totals(url: str) -> dict[str, float]:
     """The service's running totals a load's row is the difference of: device-seconds (all,
-    and those of regenerations), render batches and the requests in them."""
+    and those of regenerations), render batches and the requests in them (one read)."""
+    text = metrics(url)
     return {
-        "device_s": sum(samples(url, DEVICE_SECONDS)),
-        "regen_s": sum(samples(url, DEVICE_SECONDS, 'stage="regen"'))
-        + sum(samples(url, DEVICE_SECONDS, 'stage="rescore"')),
-        "batches": sum(samples(url, "renderq_batch_size_count")),
-        "batched": sum(samples(url, "renderq_batch_size_sum")),
+        "device_s": sum(samples(text, DEVICE_SECONDS)),
+        "regen_s": sum(samples(text, DEVICE_SECONDS, 'stage="regen"'))
+        + sum(samples(text, DEVICE_SECONDS, 'stage="rescore"')),
+        "batches": sum(samples(text, "renderq_batch_size_count")),
+        "batched": sum(samples(text, "renderq_batch_size_sum")),
     }
 
 
