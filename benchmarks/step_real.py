@@ -3,7 +3,8 @@
 It loads the model, measures a step profile (seconds per step by running-batch size, a
 prepare, a decode batch; ``renderq profile --step-level``'s measurement), draws a Poisson
 trace at ``--load`` times the capacity that profile implies, runs the trace for real
-through the step batcher and the step executor (``run_steps``), then replays the same
+through the step loop that ``--mode step`` renders with (``StepLoop``: each request handed
+to it as it arrives), then replays the same
 trace in the step simulator on the measured profile, and prints p50, p99 and
 device-seconds per image of both. Step counts are drawn from ``--steps`` per request.
 
@@ -19,12 +20,13 @@ import time
 from renderq.backends.diffusers import free_cores, import_torch, quiet_libraries
 from renderq.backends.registry import DEFAULT_MODEL, resolve
 from renderq.backends.step import StepExecutor
+from renderq.backends.step_loop import StepLoop
 from renderq.bench.model_profile import PROMPTS, ProfileSettings
 from renderq.bench.step_profile import profile_loaded_steps
 from renderq.core.settings import ModelSpec, key_for
 from renderq.core.step import StepCost
 from renderq.core.types import Request
-from renderq.runtime.stepsim import run_steps, simulate_step
+from renderq.runtime.stepsim import StepSimResult, simulate_step
 
 
 def capacity(cost: StepCost, steps: float, cap: int) -> float:
@@ -33,6 +35,29 @@ def capacity(cost: StepCost, steps: float, cap: int) -> float:
         n / (steps * cost.step.latency(n) + n * cost.prepare_s + cost.decode_s(n))
         for n in range(1, cap + 1)
     )
+
+
+def run_loop(ex: StepExecutor, reqs: list[Request], cap: int) -> StepSimResult:
+    """The trace for real: each request handed to a step loop at its arrival."""
+    done_at: dict[str, float] = {}
+    loop = StepLoop(ex, cap, record=True)
+    start = time.perf_counter()
+    try:
+        answers = []
+        for r in reqs:
+            time.sleep(max(0.0, start + r.arrival - time.perf_counter()))
+            answer = loop.submit(r)
+            answer.add_done_callback(
+                lambda _, rid=r.id: done_at.setdefault(rid, time.perf_counter())
+            )
+            answers.append(answer)
+        spent = {r.id: a.result()[1] for r, a in zip(reqs, answers, strict=True)}
+    finally:
+        loop.close()
+    latencies = {r.id: done_at[r.id] - start - r.arrival for r in reqs}
+    sizes = tuple(n for n, _ in loop.trace.steps)
+    wall = time.perf_counter() - start
+    return StepSimResult(latencies, sum(spent.values()), spent, sizes, loop.preemptions, wall)
 
 
 def main() -> None:
@@ -60,7 +85,7 @@ def main() -> None:
         t += rng.expovariate(rate)
         key = key_for(DEFAULT_MODEL, w, h, rng.choice(step_counts), 7.5, "default", "fp32", "cpu")
         reqs.append(Request(f"r{i:04d}", PROMPTS[i % len(PROMPTS)], key, i, arrival=t))
-    real = run_steps(ex, reqs, args.cap, time.perf_counter, time.sleep)
+    real = run_loop(ex, reqs, args.cap)
     sim = simulate_step(cost, reqs, cap=args.cap)
     by_size = [round(s, 4) for s in cost.step.seconds]
     threads = torch.get_num_threads()
@@ -70,7 +95,7 @@ def main() -> None:
     print("            p50 s    p99 s   device s/img  mean running  preemptions")
     for name, p50, p99, spi, mean, pre in (
         ("real", real.percentile(50), real.percentile(99), real.seconds_per_image,
-         sum(real.step_sizes) / len(real.step_sizes), real.preemptions),
+         real.mean_running, real.preemptions),
         ("simulated", sim.percentile(50), sim.percentile(99), sim.seconds_per_image,
          sim.mean_running, sim.preemptions),
     ):  # fmt: skip

@@ -37,7 +37,7 @@ class TightMemory(FakeStepExecutor):
         if len(finished) > self.decode_fits:
             raise RuntimeError("CUDA out of memory. Tried to allocate 1.00 GiB")
         self.decodes.append(len(finished))
-        return [ItemResult(img[0], image=img) for img in self.images(finished)]
+        return FakeStepExecutor.decode(self, finished)
 
 
 def _requests(n: int, steps: int = 4) -> list[Request]:
@@ -47,7 +47,7 @@ def _requests(n: int, steps: int = 4) -> list[Request]:
 
 def test_an_out_of_memory_step_halves_the_batch_and_loses_and_repeats_nothing() -> None:
     runner = TightMemory(fits=2, decode_fits=1)
-    loop = StepLoop(runner, cap=4)  # type: ignore[arg-type]
+    loop = StepLoop(runner, cap=4)
     reqs = _requests(5)
     try:
         answers = [loop.submit(r) for r in reqs]
@@ -69,7 +69,7 @@ def test_an_out_of_memory_step_halves_the_batch_and_loses_and_repeats_nothing() 
 
 def test_a_single_request_that_does_not_fit_fails_alone() -> None:
     runner = TightMemory(fits=0)
-    loop = StepLoop(runner, cap=4)  # type: ignore[arg-type]
+    loop = StepLoop(runner, cap=4)
     try:
         [(item, _)] = [loop.submit(r).result(timeout=30) for r in _requests(1)]
     finally:

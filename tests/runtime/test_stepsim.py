@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from renderq.backends.step_loop import StepLoop
 from renderq.core.cost import LatencyCurve
 from renderq.core.errors import ConfigError, ProfileError
 from renderq.core.step import StepCost
 from renderq.core.types import Request
 from renderq.profiles import load_profile
-from renderq.runtime.stepsim import run_steps, simulate_step
+from renderq.runtime.stepsim import simulate_step
 from renderq.testing.fakes import FakeStepExecutor, FakeStepState, ManualClock
 from tests.strategies import STEP_KEYS, step_workloads
 
@@ -97,11 +100,38 @@ def test_step_profile_documents_parse_and_bad_ones_name_the_field() -> None:
 
 
 @dataclasses.dataclass
-class ClockedFake:
-    """The fake step executor on a manual clock: each call advances it by its seconds."""
+class ArrivingFake:
+    """The fake step executor on a manual clock, which also plays the trace's arrivals.
+
+    Each step and decode advances the clock by its seconds, then hands the loop every
+    request that has arrived by then; when the last request held has been decoded, the
+    clock jumps to the next arrival. It all runs on the loop's own thread, between its
+    steps, so a real :class:`StepLoop` meets each request exactly when the simulator's
+    loop does.
+    """
 
     clock: ManualClock
+    trace: list[Request]
     fake: FakeStepExecutor = dataclasses.field(default_factory=FakeStepExecutor)
+    loop: Any = None
+    answers: list[Any] = dataclasses.field(default_factory=list)
+    answered_at: dict[str, float] = dataclasses.field(default_factory=dict)
+    held: int = 0
+    all_in: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+    @property
+    def device_class(self) -> str:
+        return self.fake.device_class
+
+    def arrive(self) -> None:
+        if not self.held and self.trace and self.trace[0].arrival > self.clock.t:
+            self.clock.t = self.trace[0].arrival
+        while self.trace and self.trace[0].arrival <= self.clock.t:
+            r = self.trace.pop(0)
+            self.answers.append(self.loop.submit(r))
+            self.held += 1
+        if not self.trace:
+            self.all_in.set()
 
     def prepare(self, request: Request) -> FakeStepState:
         return self.fake.prepare(request)
@@ -109,20 +139,32 @@ class ClockedFake:
     def step(self, running: list[FakeStepState]) -> float:
         seconds = self.fake.step(running)
         self.clock.advance(seconds)
+        self.arrive()
         return seconds
 
-    def images(self, finished: list[FakeStepState]) -> list[tuple[str, int]]:
+    def decode(self, finished: list[FakeStepState]) -> list[Any]:
+        items = self.fake.decode(finished)
         self.clock.advance(self.fake.decode_s)
-        return self.fake.images(finished)
+        self.answered_at.update((s.request.id, self.clock.t) for s in finished)
+        self.held -= len(finished)
+        self.arrive()
+        return items
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(reqs=step_workloads(), cap=st.integers(1, 4))
-def test_the_real_driver_makes_the_simulators_decisions(reqs: list[Request], cap: int) -> None:
+def test_the_real_step_loop_makes_the_simulators_decisions(reqs: list[Request], cap: int) -> None:
     """Same trace, a runner whose costs the cost model states exactly: same steps, times."""
     clock = ManualClock()
-    runner = ClockedFake(clock)
-    real = run_steps(runner, reqs, cap, clock, clock.advance)
+    runner = ArrivingFake(clock, sorted(reqs, key=lambda r: r.arrival))
+    loop = StepLoop(runner, cap, clock=clock)
+    runner.loop = loop
+    try:
+        loop.call(runner.arrive)
+        assert runner.all_in.wait(30)
+        results = [a.result(timeout=30) for a in runner.answers]
+    finally:
+        loop.close()
     f = runner.fake
     sizes = tuple(range(1, cap + 1))
     cost = StepCost(
@@ -130,11 +172,14 @@ def test_the_real_driver_makes_the_simulators_decisions(reqs: list[Request], cap
         decode=LatencyCurve(sizes, tuple(f.decode_s for _ in sizes)),
     )
     sim = simulate_step(cost, reqs, cap=cap)
-    assert tuple(real.step_sizes) == sim.step_sizes
-    assert real.preemptions == sim.preemptions
-    assert real.latencies == pytest.approx(sim.latencies)
-    assert real.images == {r.id: (r.id, 0) for r in reqs}
-    assert real.device_seconds == pytest.approx(sim.device_seconds)
+    assert tuple(len(s) for s in f.steps) == sim.step_sizes
+    assert loop.preemptions == sim.preemptions
+    arrival = {r.id: r.arrival for r in reqs}
+    assert {rid: t - arrival[rid] for rid, t in runner.answered_at.items()} == pytest.approx(
+        sim.latencies
+    )
+    assert sorted(item.image for item, _ in results) == sorted((r.id, 0) for r in reqs)
+    assert sum(s for _, s in results) == pytest.approx(sim.device_seconds)
 
 
 def _sim(policy, trace, cost=None, **kw):  # type: ignore[no-untyped-def]

@@ -40,7 +40,7 @@ from renderq.backends.step import StepExecutor, StepState
 from renderq.core.errors import ConfigError, WorkerLost
 from renderq.core.protocols import Executor, Scorer
 from renderq.core.settings import ModelSpec
-from renderq.core.step import StepBatcher, StepKey
+from renderq.core.step import StepBatcher, StepKey, StepRunner
 from renderq.core.types import Batch, BatchResult, ItemResult, Request, ScoreResult
 
 Answer = Future[tuple[ItemResult, float]]
@@ -89,7 +89,7 @@ class StepLoop:
 
     def __init__(
         self,
-        runner: StepExecutor,
+        runner: StepRunner,
         cap: int,
         *,
         clock: Callable[[], float] = time.monotonic,

@@ -37,7 +37,7 @@ from typing import Any, Protocol
 from renderq.core.cost import LatencyCurve, Profile
 from renderq.core.errors import ConfigError, ProfileError, UnknownRequest
 from renderq.core.stats import medians_by_size
-from renderq.core.types import BatchKey, Request
+from renderq.core.types import BatchKey, ItemResult, Request
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +96,10 @@ class StepState(Protocol):
 
 
 class StepRunner(Protocol):
-    """Runs step-level batches: the seam between a step driver and a step executor."""
+    """Runs step-level batches: the seam between a step loop and a step executor."""
+
+    #: The device class its device belongs to.
+    device_class: str
 
     def prepare(self, request: Request) -> Any:
         """A new state for ``request`` (a :class:`StepState`), ready for its first step."""
@@ -106,8 +109,8 @@ class StepRunner(Protocol):
         """One denoising step of every state in ``running``; returns its seconds."""
         ...
 
-    def images(self, finished: Sequence[Any]) -> list[Any]:
-        """The images of finished states, decoded in one batch."""
+    def decode(self, finished: Sequence[Any]) -> list[ItemResult]:
+        """An image (or an error) for each finished state, decoded in one batch."""
         ...
 
 

@@ -143,3 +143,7 @@ class FakeStepExecutor:
         for s in finished:
             s.device_seconds += self.decode_s / len(finished)
         return [(s.request.id, s.request.attempt) for s in finished]
+
+    def decode(self, finished: Sequence[FakeStepState]) -> list[ItemResult]:
+        """:meth:`images` as the step loop reads them: an item result each."""
+        return [ItemResult(img[0], image=img) for img in self.images(finished)]
