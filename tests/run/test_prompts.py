@@ -65,3 +65,18 @@ def test_a_plain_prompt_may_start_with_a_brace(tmp_path: Path) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         read_prompts(tmp_path / "nope.txt")
+
+
+def test_a_folder_is_named_as_a_folder_wherever_a_file_is_read(tmp_path: Path) -> None:
+    from renderq.backends.calibrate import read_set
+    from renderq.core.errors import ProfileError
+    from renderq.profiles import load_profile
+    from renderq.runtime.arrivals import read_trace
+    from renderq.service.config import load_config
+
+    folder = str(tmp_path)
+    for read in (read_prompts, read_trace, load_config, read_set):
+        with pytest.raises(ConfigError, match=f"'{folder}' is a folder, not a file"):
+            read(tmp_path)
+    with pytest.raises(ProfileError, match=f"'{folder}' is a folder, not a file"):
+        load_profile(folder)

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from renderq.core.errors import ConfigError
+from renderq.core.errors import ConfigError, not_a_file
 
 CALIBRATION_FILE = "renderq-calibration.json"
 """Default calibration file, in the working directory."""
@@ -109,7 +109,7 @@ def from_labels(
 def read_set(path: Path) -> list[LabelledImage]:
     """Read a calibration set; errors name the line."""
     if not path.is_file():
-        raise ConfigError(f"calibration set {str(path)!r} does not exist")
+        raise ConfigError(not_a_file("calibration set", path, path.is_dir()))
     out: list[LabelledImage] = []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():

@@ -48,3 +48,8 @@ class InvalidTransition(RenderqError):
 
 class UnknownRequest(RenderqError, KeyError):
     """A request id the scheduler has never seen."""
+
+
+def not_a_file(what: str, path: object, is_folder: bool) -> str:
+    """The message for a ``what`` (``"prompts file"``) at ``path`` that is no file to read."""
+    return f"{what} {str(path)!r} {'is a folder, not a file' if is_folder else 'does not exist'}"

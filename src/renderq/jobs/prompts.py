@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from renderq.core.errors import ConfigError
+from renderq.core.errors import ConfigError, not_a_file
 from renderq.core.seeds import MAX_SEED
 
 _KEYS = frozenset(
@@ -55,7 +55,7 @@ def file_digest(path: Path) -> str:
 def read_prompts(path: Path) -> list[PromptSpec]:
     """Parse ``path``; raises ConfigError naming the file and line of the first problem."""
     if not path.is_file():
-        raise ConfigError(f"prompts file {str(path)!r} does not exist")
+        raise ConfigError(not_a_file("prompts file", path, path.is_dir()))
     try:
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:

@@ -7,7 +7,7 @@ from importlib import resources
 from pathlib import Path
 
 from renderq.core.cost import Profile
-from renderq.core.errors import ProfileError
+from renderq.core.errors import ProfileError, not_a_file
 
 
 def shipped() -> list[str]:
@@ -21,7 +21,7 @@ def load_profile(name_or_path: str) -> Profile:
     path = Path(name_or_path)
     if path.suffix == ".json" or path.exists():
         if not path.is_file():
-            raise ProfileError(f"profile file {name_or_path!r} does not exist")
+            raise ProfileError(not_a_file("profile file", name_or_path, path.is_dir()))
         text = path.read_text()
     else:
         res = resources.files(__name__).joinpath(f"{name_or_path}.json")

@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from renderq.core.errors import ConfigError
+from renderq.core.errors import ConfigError, not_a_file
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +73,7 @@ def arrivals(spec: str, n: int, rng: random.Random) -> list[Arrival]:
 def read_trace(path: Path) -> list[Arrival]:
     """Read a trace file; errors name the file and line."""
     if not path.is_file():
-        raise ConfigError(f"trace file {str(path)!r} does not exist")
+        raise ConfigError(not_a_file("trace file", path, path.is_dir()))
     out: list[Arrival] = []
     for lineno, line in enumerate(path.read_text().splitlines(), 1):
         line = line.strip()

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from renderq.core.errors import ConfigError
+from renderq.core.errors import ConfigError, not_a_file
 from renderq.core.settings import INTERACTIVE, Batching, ModelSpec, QASettings
 
 TOKENS_ENV = "RENDERQ_API_TOKENS"
@@ -206,7 +206,7 @@ def load_config(
     data: dict[str, Any] = {}
     if path is not None:
         if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
+            raise ConfigError(not_a_file("config file", path, path.is_dir()))
         try:
             raw = tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as exc:
