@@ -100,7 +100,7 @@ def _train_gate(args: argparse.Namespace, checkpoints: Path) -> None:
         steps=GATE_STEPS if args.steps is None else args.steps,
         render_steps=RENDER_STEPS if args.render_steps is None else args.render_steps,
         rendered_share=args.rendered_share,
-        two_shape_share=0.3 if args.two_shape_share is None else args.two_shape_share,
+        two_shape_share=0.4 if args.two_shape_share is None else args.two_shape_share,
         matched_caption=args.matched_caption,
         gate_weight=args.gate_weight,
         gate_balance=args.gate_balance,
@@ -155,26 +155,27 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument("--threads", type=int, default=2)
     train.add_argument("--init-from", default=None, help="warm-start folder (unet, clip-gate)")
     train.add_argument("--render-with", default=None, help="mini-SD folder (clip-gate)")
-    train.add_argument("--renders", type=int, default=1024, help="renders (clip-gate)")
+    train.add_argument("--renders", type=int, default=8192, help="renders (clip-gate)")
     train.add_argument(
-        "--rendered-share", type=float, default=0.5, help="renders' share of a batch (clip-gate)"
+        "--rendered-share", type=float, default=0.6, help="renders' share of a batch (clip-gate)"
     )
     train.add_argument(
         "--two-shape-share",
         type=float,
         default=None,
-        help="share of world images with two shapes (unet's latent set, clip-gate; default 0.3)",
+        help="share of world images with two shapes (unet's latent set, default 0.3; clip-gate, "
+        "default 0.4)",
     )
     train.add_argument(
         "--render-two-shape-share",
         type=float,
-        default=0.3,
+        default=0.5,
         help="share of the rendered training prompts that name two shapes (clip-gate)",
     )
     train.add_argument(
         "--matched-caption",
         choices=["reading", "prompt"],
-        default="reading",
+        default="prompt",
         help="caption of a render that shows its prompt's subject (clip-gate)",
     )
     train.add_argument(

@@ -41,11 +41,11 @@ from renderq.models.shapes.clip_train import (
 GATE_SEED = CLIP_SEED + 200
 """Seed of this phase's data stream."""
 
-GATE_STEPS = 2000
+GATE_STEPS = 1500
 """Steps of the gate phase's first part: world images only, every one with hard negatives."""
 
-RENDER_STEPS = 500
-"""Steps of its second part, where half of each batch is cached mini-SD renders."""
+RENDER_STEPS = 1200
+"""Steps of its second part, where part of each batch is cached mini-SD renders."""
 
 RENDER_PROMPT_SEED = 80_000
 """Seed of the prompts rendered for training (the evaluation uses 50,000-70,000)."""
@@ -353,11 +353,11 @@ def train_clip_gate(
     steps: int = GATE_STEPS,
     render_steps: int = RENDER_STEPS,
     batch_size: int = 64,
-    rendered_share: float = 0.5,
-    lr: float = 1e-3,
-    render_lr: float = 3e-4,
-    two_shape_share: float = 0.3,
-    matched_caption: str = "reading",
+    rendered_share: float = 0.6,
+    lr: float = 5e-4,
+    render_lr: float = 2e-4,
+    two_shape_share: float = 0.4,
+    matched_caption: str = "prompt",
     gate_weight: float = 0.0,
     gate_balance: bool = False,
     resume: bool = True,
