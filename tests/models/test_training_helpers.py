@@ -104,11 +104,30 @@ def test_threshold_for_recall_keeps_that_share_of_good_images() -> None:
         assert recall <= kept < recall + 2 / truth.sum()
 
 
-def test_wilson_interval_brackets_the_rate() -> None:
-    lo, hi = evaluate.wilson(80, 100)
-    assert 0.70 < lo < 0.8 < hi < 0.88
-    assert evaluate.wilson(0, 10)[0] == 0.0 and evaluate.wilson(10, 10)[1] == 1.0
-    assert np.isnan(evaluate.wilson(0, 0)[0])
+def test_detector_intervals_resample_prompts_and_the_calibrated_threshold() -> None:
+    rng = np.random.default_rng(0)
+    # 100 prompts, each scored on 4 images that agree with each other (a prompt's retries):
+    # 400 images hold only 100 independent draws.
+    prompt_scores = rng.normal(0.0, 1.0, 100)
+    prompt_good = prompt_scores + rng.normal(0.0, 1.0, 100) > 0
+    scores, truth = np.repeat(prompt_scores, 4), np.repeat(prompt_good, 4)
+    groups = np.repeat(np.arange(100), 4)
+
+    def width(f: dict[str, list[float]], name: str) -> float:
+        lo, hi = f[f"g_{name}_ci"]
+        return hi - lo
+
+    by_image = evaluate.detector_figures(scores, truth, 0.0, "g_")
+    by_prompt = evaluate.detector_figures(scores, truth, 0.0, "g_", groups)
+    for name in ("recall", "specificity", "balanced_accuracy", "auc"):
+        assert by_prompt[f"g_{name}"] == by_image[f"g_{name}"]  # the same point figures
+        assert width(by_prompt, name) > 1.5 * width(by_image, name), name
+    # A threshold that moves from round to round widens recall and specificity, not AUC.
+    cuts = evaluate.calibration_thresholds(rng.normal(0.0, 1.0, 60), rng.random(60) < 0.5)
+    assert cuts.std() > 0.05
+    moving = evaluate.detector_figures(scores, truth, 0.0, "g_", groups, cuts - np.median(cuts))
+    assert width(moving, "recall") > width(by_prompt, "recall")
+    assert moving["g_auc_ci"] == by_prompt["g_auc_ci"]
 
 
 def test_detector_figures_on_a_perfect_and_a_useless_gate() -> None:

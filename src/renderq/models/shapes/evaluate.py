@@ -281,16 +281,6 @@ def threshold_for_recall(scores: np.ndarray, truth: np.ndarray, recall: float) -
     return float((good[drop - 1] + good[drop]) / 2)
 
 
-def wilson(successes: float, n: float, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval (95% by default) of a proportion; ``(nan, nan)`` when ``n`` is 0."""
-    if n <= 0:
-        return float("nan"), float("nan")
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * float(np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def auc(scores: np.ndarray, truth: np.ndarray) -> float:
     """How often a good image outscores a bad one (ties count half); nan without both."""
     pos, neg = scores[truth], scores[~truth]
@@ -301,46 +291,73 @@ def auc(scores: np.ndarray, truth: np.ndarray) -> float:
 
 
 def detector_figures(
-    scores: np.ndarray, truth: np.ndarray, threshold: float, prefix: str
+    scores: np.ndarray,
+    truth: np.ndarray,
+    threshold: float,
+    prefix: str,
+    groups: np.ndarray | None = None,
+    thresholds: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Recall, specificity, balanced accuracy and AUC of the gate, each with a 95% interval.
 
-    Recall and specificity take Wilson intervals; balanced accuracy and AUC percentile
-    intervals of ``BOOTSTRAP_ROUNDS`` seeded bootstrap resamples of the images.
+    The intervals are percentiles of ``BOOTSTRAP_ROUNDS`` seeded bootstrap resamples. With
+    ``groups`` (each image's prompt) a resample draws prompts, each with all its images:
+    a prompt's retries are not independent draws (a hard prompt fails, and is scored, on
+    every seed), so resampling images would make the intervals too narrow. With
+    ``thresholds`` (one a round) each round judges at its own threshold: one calibrated on
+    a resample of the calibration prompts, so that the intervals also hold the threshold's
+    own noise (a 500-prompt calibration set moves it by about a point, and recall on
+    two-shape prompts by several points with it).
     """
     accept = scores >= threshold
     good, bad = float(truth.sum()), float((~truth).sum())
     kept, stopped = float((accept & truth).sum()), float((~accept & ~truth).sum())
     recall = kept / good if good else float("nan")
     specificity = stopped / bad if bad else float("nan")
+    ids = np.arange(len(scores)) if groups is None else groups
+    members = [np.flatnonzero(ids == g) for g in np.unique(ids)]
     rng = np.random.default_rng(BOOTSTRAP_SEED)
-    bas, aucs = [], []
-    for _ in range(BOOTSTRAP_ROUNDS):
-        idx = rng.integers(0, len(scores), len(scores))
-        t, a = truth[idx], accept[idx]
+    rounds: list[tuple[float, float, float, float]] = []
+    for b in range(BOOTSTRAP_ROUNDS):
+        picks = rng.integers(0, len(members), len(members))
+        idx = np.concatenate([members[i] for i in picks]) if members else np.array([], int)
+        t = truth[idx]
         if t.all() or not t.any():
             continue
-        bas.append(((a & t).sum() / t.sum() + (~a & ~t).sum() / (~t).sum()) / 2)
-        aucs.append(auc(scores[idx], t))
+        a = scores[idx] >= (threshold if thresholds is None else thresholds[b])
+        r, sp = (a & t).sum() / t.sum(), (~a & ~t).sum() / (~t).sum()
+        rounds.append((float(r), float(sp), float((r + sp) / 2), auc(scores[idx], t)))
 
-    def interval(values: list[float]) -> list[float]:
-        if not values:
+    def interval(column: int) -> list[float]:
+        if not rounds:
             return [float("nan"), float("nan")]
+        values = [row[column] for row in rounds]
         return [float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))]
 
     return {
         f"{prefix}images": float(len(scores)),
         f"{prefix}good": good,
         f"{prefix}recall": recall,
-        f"{prefix}recall_ci": list(wilson(kept, good)),
+        f"{prefix}recall_ci": interval(0),
         f"{prefix}specificity": specificity,
-        f"{prefix}specificity_ci": list(wilson(stopped, bad)),
+        f"{prefix}specificity_ci": interval(1),
         f"{prefix}balanced_accuracy": (recall + specificity) / 2,
-        f"{prefix}balanced_accuracy_ci": interval(bas),
+        f"{prefix}balanced_accuracy_ci": interval(2),
         f"{prefix}auc": auc(scores, truth),
-        f"{prefix}auc_ci": interval(aucs),
+        f"{prefix}auc_ci": interval(3),
         f"{prefix}agreement": float((accept == truth).mean()),
     }
+
+
+def calibration_thresholds(scores: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """The threshold :func:`threshold_for_recall` sets on each of ``BOOTSTRAP_ROUNDS``
+    seeded resamples of the calibration images (one image a prompt)."""
+    rng = np.random.default_rng(BOOTSTRAP_SEED + 1)
+    out = np.empty(BOOTSTRAP_ROUNDS)
+    for b in range(BOOTSTRAP_ROUNDS):
+        idx = rng.integers(0, len(scores), len(scores))
+        out[b] = threshold_for_recall(scores[idx], truth[idx], GATE_RECALL_TARGET)
+    return out
 
 
 def gate_figures(
@@ -372,6 +389,9 @@ def gate_figures(
     scores = judge.scores([r["image"] for r in records], [r["prompt"] for r in records])
     truth = np.array([r["ok"] for r in records])
     two = np.array([len(world.parse_caption(r["prompt"]).shapes) == 2 for r in records])
+    prompt_of = {p: i for i, p in enumerate(dict.fromkeys(r["prompt"] for r in records))}
+    groups = np.array([prompt_of[r["prompt"]] for r in records])
+    cuts = calibration_thresholds(cal_scores, cal_truth)
     accept = scores >= threshold
     tp = float((accept & truth).sum())
     out: dict[str, Any] = {
@@ -383,9 +403,11 @@ def gate_figures(
         "gate_precision": tp / max(1.0, float(accept.sum())),
         "gate_agreement_threshold": calibrate_threshold(cal_scores, cal_truth),
     }
-    out |= detector_figures(scores, truth, threshold, "gate_")
-    out |= detector_figures(scores[~two], truth[~two], threshold, "gate_one_shape_")
-    out |= detector_figures(scores[two], truth[two], threshold, "gate_two_shape_")
+    for prefix, part in (
+        ("gate_", np.ones(len(records), bool)), ("gate_one_shape_", ~two), ("gate_two_shape_", two)
+    ):  # fmt: skip
+        out |= detector_figures(scores[part], truth[part], threshold, prefix, groups[part], cuts)
+    out["gate_threshold_ci"] = [float(np.percentile(cuts, 2.5)), float(np.percentile(cuts, 97.5))]
     # The earlier form of the QA check (first shape only), same images, same threshold.
     subject = np.array([oracle.matches_subject(r["image"], r["prompt"]) for r in records])
     out |= {
