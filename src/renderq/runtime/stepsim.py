@@ -30,7 +30,8 @@ from renderq.core.types import Batch, BatchResult, ItemResult, Request
 
 @dataclass(frozen=True, slots=True)
 class StepSimResult:
-    """The outcome of one simulated step-mode run."""
+    """The outcome of one step-mode run of a trace: simulated (:func:`simulate_step`), or a
+    real loop's as ``benchmarks/step_real.py`` reads it."""
 
     #: Seconds from arrival to decoded image, by request id.
     latencies: dict[str, float]
