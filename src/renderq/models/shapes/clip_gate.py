@@ -13,8 +13,9 @@ with both towers trainable, in two parts:
 2. then half of each batch is images rendered by mini-SD from random grammar prompts
    (rendered once and cached), each captioned with what the pixel oracle reads in it. When
    the oracle says a render does not show its prompt's subject, that prompt is one of its
-   negatives, so the scorer learns what a failed render looks like. Prompts and seeds are
-   disjoint from the ones ``evaluate`` measures the gate on. (Mixing renders in from the
+   negatives, so the scorer learns what a failed render looks like. Prompts and image
+   seeds are drawn apart from ``evaluate``'s (texts recur in so small a grammar; the
+   images do not). (Mixing renders in from the
    start taught shape more slowly than world images alone.)
 
 The result is exported as the shipped scorer (``weights/clip``); mini-SD keeps the joint

@@ -367,7 +367,8 @@ def gate_figures(
 
     The threshold is the highest that keeps ``GATE_RECALL_TARGET`` of the calibration
     images the oracle passes; the detector figures are then measured on every image of the
-    QA run (first attempts and retries; prompts disjoint from the calibration ones).
+    QA run (first attempts and retries; prompts drawn apart from the calibration ones,
+    though texts recur in so small a grammar, and other image seeds).
     """
     rng = random.Random(args.calibration_seed)
     cal_prompts = [
