@@ -12,6 +12,7 @@ import pytest
 
 from renderq.backends.step_loop import StepTrace
 from renderq.bench.fidelity import (
+    SPEED_WINDOW,
     Calibration,
     Fidelity,
     calibrated_profile,
@@ -109,10 +110,25 @@ def test_the_speed_trace_is_each_batch_over_its_sizes_median_by_start_time() -> 
     trace = speed_trace(rec, window=1)
     assert [t for t, _ in trace] == [0.0, 1.0, 2.0, 4.0, 5.5]
     assert [f for _, f in trace] == pytest.approx([1.0, 1.0, 0.8, 1.5, 1.2])
-    # A running median of three: [1, 1], [1, 1, .8], [1, .8, 1.5], [.8, 1.5, 1.2], [1.5, 1.2].
-    assert [f for _, f in speed_trace(rec, window=3)] == pytest.approx([1, 1, 1, 1.2, 1.35])
+    # A running mean of three: [1, 1], [1, 1, .8], [1, .8, 1.5], [.8, 1.5, 1.2], [1.5, 1.2].
+    assert [f for _, f in speed_trace(rec, window=3)] == pytest.approx(
+        [1, 2.8 / 3, 1.1, 3.5 / 3, 1.35]
+    )
     with pytest.raises(ConfigError, match="speed window must be >= 1 batch, got 0"):
         speed_trace(rec, window=0)
+
+
+def test_the_speed_trace_charges_a_slow_batchs_excess_in_full() -> None:
+    # Nine batches of one size at 1 s and one at 3 s: the median is 1 s, so a replay
+    # that prices batches by it is short 2 s unless the speed trace carries them. A
+    # running median smoothed the slow batch away (every factor 1); the running mean
+    # charges what the run spent, spread over the batch's neighbours.
+    secs = [1.0] * 4 + [3.0] + [1.0] * 5
+    rec = Recording(batches=[(4, s) for s in secs], render_started=[float(i) for i in range(10)])
+    factors = [f for _, f in speed_trace(rec, window=5)]
+    assert sum(factors) * 1.0 == pytest.approx(sum(secs))
+    assert factors[4] == pytest.approx(1.4)
+    assert factors[0] == factors[9] == 1.0
 
 
 def test_a_step_loops_speed_is_each_step_over_its_running_sizes_median() -> None:
@@ -163,16 +179,19 @@ def test_a_replay_holds_hand_offs_and_slow_spells_the_medians_cannot_know() -> N
     cal = Calibration.of(rec)
     assert cal.render_overhead_s == pytest.approx(1.0, abs=0.05)
     assert 0.0 <= cal.score_overhead_s < 0.05
-    # A batch of the slow spell is twice as slow as an early one of the same size.
+    # A batch of the slow spell is twice as slow as an early one of the same size (away
+    # from the spell's edge, where the running mean blends the two speeds).
+    edge = SPEED_WINDOW // 2
     for size in {n for n, _ in rec.batches}:
         steps = [
             (i, f)
             for i, ((n, _), (_, f)) in enumerate(zip(rec.batches, cal.speed, strict=True))
             if n == size
         ]
-        early, late = [f for i, f in steps if i < 4], [f for i, f in steps if i >= 4]
-        if early and late:
-            assert min(late) / max(early) == pytest.approx(2.0, rel=0.01)
+        early = [f for i, f in steps if i < 4 - edge]
+        late = [f for i, f in steps if i >= 4 + edge]
+        assert early and late
+        assert min(late) / max(early) == pytest.approx(2.0, rel=0.01)
     profile = calibrated_profile(rec, load_profile("mini-sd-cpu"), "calibrated")
     sim = replay(policy, rec, profile, calibration=cal, **REPLAY)  # type: ignore[arg-type]
     plain = replay(policy, rec, profile, **REPLAY)  # type: ignore[arg-type]

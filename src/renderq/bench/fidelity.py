@@ -5,10 +5,13 @@ from the run itself:
 
 - a profile: the median device-seconds per batch size seen, for rendering and scoring;
 - the machine's speed over the run: each real render batch's seconds over its size's
-  median, smoothed by a running median over five batches, as a step from when that batch
+  median, smoothed by a running mean over five batches, as a step from when that batch
   started to when the next one did. A simulated batch cut at time t takes its size's
   median times the factor in force at t. A shared or drifting machine has slow spells a
-  profile of medians cannot know; queues, and so the latency tail, grow in them. In step
+  profile of medians cannot know; queues, and so the latency tail, grow in them. The mean,
+  not a median, so that the replay is charged the time the run spent: a batch's seconds
+  are skewed (a slow one now and then, never a fast one), and a running median dropped
+  that excess, a few percent of the run, which near full load is the latency tail. In step
   mode the trace comes from the loop's steps (each over its running size's median, smoothed
   over five requests' worth of steps) and scales each simulated step;
 - the engine's hand-off time per batch: the median of how long the engine held a worker
@@ -76,13 +79,13 @@ REAL_P99_CONFIDENCE = 0.95
 """Confidence of the interval reported around the real run's p99."""
 
 SPEED_WINDOW = 5
-"""Batches in the running median that smooths the speed trace: a slow spell lasts several
-batches; one slow batch alone is noise, and its factor would land on whichever simulated
-batch (of whatever size) is cut while it holds."""
+"""Batches in the running mean that smooths the speed trace: a slow spell lasts several
+batches; one slow batch's excess is spread over its neighbours rather than landing whole
+on whichever simulated batch (of whatever size) is cut while it holds."""
 
 
 def speed_trace(rec: Recording, window: int = SPEED_WINDOW) -> tuple[tuple[float, float], ...]:
-    """``(start, factor)`` per real render batch, by start: the running median (over
+    """``(start, factor)`` per real render batch, by start: the running mean (over
     ``window`` batches centred on it) of each batch's seconds over its size's median."""
     return smoothed_speed(rec.batches, rec.render_started, window)
 
@@ -100,7 +103,10 @@ def smoothed_speed(
     work: Sequence[tuple[Hashable, float]], starts: Sequence[float], window: int
 ) -> tuple[tuple[float, float], ...]:
     """``(start, factor)`` per piece of ``work`` (``(kind, seconds)``, begun at ``starts``),
-    by start: the running median over ``window`` pieces of its seconds over its kind's."""
+    by start: the running mean over ``window`` pieces of its seconds over its kind's median.
+
+    Away from the ends the factors charge each kind's median for every piece in total what
+    the pieces took (a window of pieces of one kind: exactly), slow pieces included."""
     if window < 1:
         raise ConfigError(f"the speed window must be >= 1 batch, got {window}")
     by: dict[Hashable, list[float]] = {}
@@ -111,7 +117,7 @@ def smoothed_speed(
     raw = [max(work[i][1], 1e-9) / medians[work[i][0]] for i in order]
     half = window // 2
     return tuple(
-        (starts[i], statistics.median(raw[max(0, k - half) : k + half + 1]))
+        (starts[i], statistics.fmean(raw[max(0, k - half) : k + half + 1]))
         for k, i in enumerate(order)
     )
 
