@@ -25,11 +25,12 @@ from renderq.bench.harness import Scenario
 from renderq.bench.real import RealBench, Recording
 from renderq.bench.report import fidelity_table
 from renderq.core.errors import ConfigError
-from renderq.core.policies import Window
+from renderq.core.policies import Dynamic, Window
 from renderq.core.settings import QASettings
 from renderq.core.stats import quantile_ci_ranks
 from renderq.core.types import Batch, BatchResult, ItemResult, ScoreResult, Stage
 from renderq.profiles import load_profile
+from renderq.runtime.sim import profile_key, render_cost
 from tests.run.test_realtime import KEY
 
 REPLAY = {"qa": QASettings(max_attempts=3), "score_batch_size": 32}
@@ -157,13 +158,61 @@ def test_step_modes_hand_off_is_a_slots_hold_beyond_its_requests_stay_in_the_loo
     assert step_handoff(rec, StepTrace()) == 0.0
 
 
-def test_the_default_trace_drops_a_lone_slow_batch_but_keeps_a_slow_spell() -> None:
+def test_the_default_trace_spreads_a_lone_slow_batch_but_keeps_a_slow_spell() -> None:
     lone = [1.0] * 5 + [3.0] + [1.0] * 5
     spell = [1.0] * 5 + [2.0] * 4 + [1.0] * 5
     for secs, slow in ((lone, []), (spell, [5, 6, 7, 8])):
         rec = Recording(batches=[(1, s) for s in secs], render_started=list(range(len(secs))))
         factors = [f for _, f in speed_trace(rec)]
         assert [i for i, f in enumerate(factors) if f > 1.5] == slow
+    # The lone batch's 2 s beyond the median land on the five batches around it.
+    factors = [
+        f
+        for _, f in speed_trace(
+            Recording(batches=[(1, s) for s in lone], render_started=list(range(11)))
+        )
+    ]
+    assert factors[3:8] == pytest.approx([1.4] * 5)
+
+
+@dataclass
+class ProfiledExecutor:
+    """Takes what ``profile`` says a batch of its size and steps takes, on ``clock``."""
+
+    clock: JumpClock
+    profile: Any
+    device_class: str = "cpu"
+
+    def run(self, batch: Batch) -> BatchResult:
+        cost = render_cost(self.profile, batch.key)
+        assert cost is not None
+        seconds = cost.latency(batch.size)
+        self.clock.jump(seconds)
+        items = tuple(ItemResult(r.id, image=(r.id, r.attempt)) for r in batch.requests)
+        return BatchResult(batch.id, items, seconds, self.device_class)
+
+
+def test_a_replay_serves_a_step_mixs_keys_in_the_runs_order() -> None:
+    # Three keys (10, 20 and 30 steps) compete for one worker: which goes next is the
+    # fair share across keys, by what each was charged. The replay charges as the run's
+    # scheduler did (``priced_by``), so it serves the keys in the run's order; before, the
+    # run charged images where the replay charged seconds, and at load the replay cut
+    # other, smaller batches.
+    profile = load_profile("mini-sd-cpu")
+    clock = JumpClock()
+    bench = RealBench(
+        ProfiledExecutor(clock, profile), JumpScorer(clock, 0.01), profile_key(profile), ["p"],
+        QASettings(0.5), 7.5, clock=clock, cost=lambda k: render_cost(profile, k),
+    )  # fmt: skip
+    policy = Dynamic(0.0, 4)
+    bench.run(policy, Scenario("offline", 30, step_mix=(10, 20, 30)))
+    rec = bench.last
+    assert rec is not None and set(rec.batch_steps) == {10, 20, 30}
+    # The 10-step key, a third of the 30-step key's time a batch, gets more turns.
+    assert rec.batch_steps[:5] != [10, 20, 30, 10, 20]
+    cal = calibrated_profile(rec, profile, "calibrated")
+    sim = replay(policy, rec, cal, priced_by=profile, **REPLAY)  # type: ignore[arg-type]
+    assert [ids for kind, ids in sim.log if kind == "render"] == rec.render_requests
 
 
 def test_a_replay_holds_hand_offs_and_slow_spells_the_medians_cannot_know() -> None:

@@ -251,13 +251,16 @@ def replay(
     calibration: Calibration = Calibration(),
     step_cost: StepCost | None = None,
     workers: int = 1,
+    priced_by: Profile | None = None,
 ) -> SimResult:
     """Simulate a recorded run: same arrivals, same QA outcomes, calibrated costs.
 
     Scoring and rendering take turns in the simulation exactly when they did in the run;
     ``calibration`` adds the run's speed trace and hand-offs (none: medians alone);
     ``step_cost`` prices step mode's loop (default: derived from ``profile``);
-    ``workers``: the run's render workers (a device pool's).
+    ``workers``: the run's render workers (a device pool's); ``priced_by``: the profile
+    the run's scheduler priced its batches by (``RealBench.cost``; default ``profile``),
+    so that the replay's fair share across keys makes the run's choices.
     """
     cfg = SimConfig(
         profile,
@@ -272,5 +275,6 @@ def replay(
         speed=calibration.speed,
         step_cost=step_cost,
         render_workers=workers,
+        priced_by=priced_by,
     )
     return simulate(policy, cfg)

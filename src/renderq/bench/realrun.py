@@ -33,6 +33,7 @@ from renderq.core.errors import ConfigError
 from renderq.core.policies import Policy
 from renderq.core.settings import DEFAULT_MAX_BATCH_SIZE, Batching, ModelSpec, QASettings, key_for
 from renderq.core.step import StepCost
+from renderq.runtime.sim import render_cost
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +79,12 @@ def load_bench(s: RealSettings, profile: Profile | None) -> tuple[RealBench, Pro
         ex.device_class,
     )  # fmt: skip
     prompts = shipped_prompts()
-    return RealBench(ex, sc, key, prompts, qa, guidance, s.batching.score_batch_size), profile
+    priced = profile
+    bench = RealBench(
+        ex, sc, key, prompts, qa, guidance, s.batching.score_batch_size,
+        cost=lambda k: render_cost(priced, k),
+    )  # fmt: skip
+    return bench, profile
 
 
 def check_real_options(
@@ -230,6 +236,7 @@ def _one_mode(
             calibration=c,
             step_cost=step_cost,
             workers=bench.workers,
+            priced_by=profile,
         )
         for c in (calibration, Calibration())
     ]
