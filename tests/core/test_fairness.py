@@ -88,19 +88,6 @@ def test_two_backlogged_keys_share_the_device_by_its_time_not_by_batches() -> No
     assert abs(device[slow] - device[fast]) <= 2.0
 
 
-def test_without_a_cost_model_a_key_is_charged_its_images_times_its_steps() -> None:
-    # Two backlogged keys, 10 and 30 denoising steps, and no cost model: a render's time is
-    # about linear in its steps, so the 10-step key gets three batches for the other's one
-    # (charged by images alone they alternated, giving the 30-step key 3/4 of the device).
-    short, long = dataclasses.replace(key(0), steps=10), dataclasses.replace(key(0), steps=30)
-    s = scheduler()
-    for k in (short, long):
-        for r in reqs(k, 200):
-            s.submit(r, 0.0)
-    order = run_batches(s, 40)
-    assert order.count(short) == 3 * order.count(long)
-
-
 def test_a_key_idle_for_a_while_earns_no_burst() -> None:
     a, b = key(0), key(1)
     s = scheduler()

@@ -251,16 +251,16 @@ def replay(
     calibration: Calibration = Calibration(),
     step_cost: StepCost | None = None,
     workers: int = 1,
-    priced_by: Profile | None = None,
+    priced: bool = False,
 ) -> SimResult:
     """Simulate a recorded run: same arrivals, same QA outcomes, calibrated costs.
 
     Scoring and rendering take turns in the simulation exactly when they did in the run;
     ``calibration`` adds the run's speed trace and hand-offs (none: medians alone);
     ``step_cost`` prices step mode's loop (default: derived from ``profile``);
-    ``workers``: the run's render workers (a device pool's); ``priced_by``: the profile
-    the run's scheduler priced its batches by (``RealBench.cost``; default ``profile``),
-    so that the replay's fair share across keys makes the run's choices.
+    ``workers``: the run's render workers (a device pool's); ``priced``: whether the run's
+    scheduler priced batches by a cost model (a ``RealBench`` run's does not, so by default
+    the replay's fair share across keys charges images, as the run's did).
     """
     cfg = SimConfig(
         profile,
@@ -275,6 +275,6 @@ def replay(
         speed=calibration.speed,
         step_cost=step_cost,
         render_workers=workers,
-        priced_by=priced_by,
+        priced=priced,
     )
     return simulate(policy, cfg)

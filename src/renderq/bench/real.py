@@ -25,7 +25,7 @@ from renderq.core.errors import ConfigError
 from renderq.core.events import Accepted, Cancelled, Escalated, Regenerating
 from renderq.core.policies import Policy
 from renderq.core.protocols import Executor, Scorer
-from renderq.core.scheduler import CostLookup, Scheduler
+from renderq.core.scheduler import Scheduler
 from renderq.core.settings import DEFAULT_SCORE_BATCH_SIZE, Batching, QASettings
 from renderq.core.types import (
     TERMINAL,
@@ -153,10 +153,6 @@ class RealBench:
     """Step mode's pipelines with a pool, one per device, loaded in this process (a step
     loop drives its pipeline here; the pool's processes idle meanwhile); empty: one loop
     on ``executor``."""
-    cost: CostLookup | None = None
-    """What the scheduler prices a batch by (fair share across keys, admission), known
-    before the run (the bench's profile); None: its size in images times its steps. A
-    replay must price by the same (``replay(priced_by=...)``) to make the same choices."""
 
     @property
     def workers(self) -> int:
@@ -258,7 +254,7 @@ class RealBench:
             engine = RealtimeEngine.build(
                 Batching(score_batch_size=self.score_batch_size), self.qa.policy(),
                 executors, scorer, recorder,
-                policy=policy, default_cap=policy.max_batch_size or 64, cost=self.cost,
+                policy=policy, default_cap=policy.max_batch_size or 64,
                 share_device=share, clock=clock,
             )  # fmt: skip
             sched = engine.scheduler

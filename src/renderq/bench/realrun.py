@@ -33,7 +33,6 @@ from renderq.core.errors import ConfigError
 from renderq.core.policies import Policy
 from renderq.core.settings import DEFAULT_MAX_BATCH_SIZE, Batching, ModelSpec, QASettings, key_for
 from renderq.core.step import StepCost
-from renderq.runtime.sim import render_cost
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,12 +78,7 @@ def load_bench(s: RealSettings, profile: Profile | None) -> tuple[RealBench, Pro
         ex.device_class,
     )  # fmt: skip
     prompts = shipped_prompts()
-    priced = profile
-    bench = RealBench(
-        ex, sc, key, prompts, qa, guidance, s.batching.score_batch_size,
-        cost=lambda k: render_cost(priced, k),
-    )  # fmt: skip
-    return bench, profile
+    return RealBench(ex, sc, key, prompts, qa, guidance, s.batching.score_batch_size), profile
 
 
 def check_real_options(
@@ -236,7 +230,6 @@ def _one_mode(
             calibration=c,
             step_cost=step_cost,
             workers=bench.workers,
-            priced_by=profile,
         )
         for c in (calibration, Calibration())
     ]

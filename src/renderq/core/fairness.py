@@ -7,9 +7,8 @@ Each key (a *lane* of the scheduler) carries the device time its batches were ch
 far; the next batch goes to the lane charged least. A lane that had no work starts at the
 class's current virtual time, so idle time earns no credit to spend later in a burst.
 
-A batch is charged what the cost model says it takes (its latency, or where no cost model
-is known its images times its denoising steps, which a render's time is about linear in)
-plus, where the device holds another key's LoRA adapter,
+A batch is charged what the cost model says it takes (its latency, or its size in images
+where no cost model is known) plus, where the device holds another key's LoRA adapter,
 the switch (``StageCost.switch_s``). A turn lasts one batch, or, where switching costs
 time, until the lane has been charged ``switch_s / MAX_SWITCH_SHARE`` seconds: switching
 then takes at most that share of the device, and fairness holds over turns.

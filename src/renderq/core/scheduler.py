@@ -549,12 +549,7 @@ class Scheduler:
         q.inflight += len(taken)
         if self._fair is not None:
             cost = self._stage_cost(key)
-            # No cost model: a render's time is about linear in its images and its steps.
-            seconds = (
-                cost.latency(min(len(taken), cost.curve.max_size))
-                if cost
-                else len(taken) * key.steps
-            )
+            seconds = cost.latency(min(len(taken), cost.curve.max_size)) if cost else len(taken)
             self._fair.charge(lane, key.device_class, seconds + self._switch_s(key))
         self._adapter[key.device_class] = key.adapter
         if key.adapter:

@@ -87,10 +87,11 @@ class SimConfig:
     #: (``renderq run --images``): a batch holds its worker for both, and the score
     #: stage only collects the scores, at no device time of its own.
     score_in_workers: bool = False
-    #: The profile the scheduler prices batches by (fair share across keys, admission);
-    #: default: ``profile``. A replay prices as the real run's scheduler did, whose
-    #: profile was known before the run, while its batches take the calibrated costs.
-    priced_by: Profile | None = None
+    #: The scheduler prices batches by the profile (fair share across keys charges a
+    #: batch's seconds; admission prices deadlines); False: no cost model, as in a real
+    #: ``bench`` run, whose fair share charges a batch its images (a replay of one must
+    #: choose among keys as it did).
+    priced: bool = True
 
     def __post_init__(self) -> None:
         if self.score_in_workers and self.share_device:
@@ -376,7 +377,7 @@ def simulate(policy: Policy, cfg: SimConfig) -> SimResult:
         qa=qa,
         # Every adapter's key costs what the profile measured (plus its switch_s), and a
         # key of another step count the profile's time scaled by its steps.
-        cost=lambda k: render_cost(cfg.priced_by or profile, k),
+        cost=(lambda k: render_cost(profile, k)) if cfg.priced else None,
         admission=AdmissionConfig(cfg.max_queue_per_key, cfg.render_workers),
         fair_share=cfg.fair_share,
     )
