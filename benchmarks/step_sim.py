@@ -6,7 +6,9 @@ keeps the one with the lowest p99, then step mode on the same arrivals, and prin
 p99 and device-seconds per image of both. The quality gate is off in both (render latency
 only). Every request renders the profile's steps, or with ``--step-mix 10,20,30`` the
 counts by turns (in dynamic mode each count is a batch key of its own; in step mode they
-share the running batch); the load is then against the capacity at their mean.
+share the running batch); the load is then against the capacity at their mean. Dynamic
+mode's scheduler is unpriced, as in ``renderq bench``: its keys take equal turns (fair
+share by device time would hold the 30-step key back and lengthen dynamic's tail).
 
 Step costs come from ``--step-profile`` (a file written by ``renderq profile
 --step-level``) or, without one, from the whole-batch profile (render latency / steps).
@@ -87,6 +89,7 @@ def main() -> None:
                 failure_rate=0.0,
                 qa=QASettings(enabled=False),
                 seed=args.seed,
+                priced=False,  # as `renderq bench` runs dynamic: a step mix's keys take turns
             )
             res = simulate(Dynamic(delay, cap), cfg)
             p99 = res.percentile(99) or 0.0
