@@ -66,7 +66,9 @@ def test_real_offline_bench_and_its_simulator_replay(
         # Calibrated from the run: a speed step per render batch, hand-offs measured.
         batches = row["renders"]["real"] / row["mean_batch_size"]["real"]
         assert row["calibration"]["speed_steps"] == round(batches)
-        assert row["calibration"]["speed_min"] <= 1.0 <= row["calibration"]["speed_max"]
+        # A running mean of each batch's seconds over its size's median: skewed seconds
+        # can put every factor above 1, never at or below 0.
+        assert 0 < row["calibration"]["speed_min"] <= row["calibration"]["speed_max"]
         assert row["p99_s"]["sim_medians_only"] > 0
         ci = row["p99_s"]["real_ci"]
         assert ci["low"] is not None and ci["low"] <= row["p99_s"]["real"]
