@@ -1,7 +1,10 @@
 """The real-time engine: the scheduler core on a real clock, with real executors.
 
 One step reads like the simulator's: now -> schedule -> run -> score -> decide -> commit
--> feed results back -> sleep until ``next_wakeup`` or the next result. Rendering and
+-> feed results back -> sleep until ``next_wakeup`` or the next result. The steps run on
+an asyncio event loop (its own for ``run`` and the bench; the HTTP server's for ``serve``,
+so an interactive answer crosses no thread but its worker's): results arrive as loop
+callbacks and the next wake-up is a loop timer. Rendering and
 scoring are separate stages on separate worker threads (one render worker per executor,
 one or more per device class, and one scorer worker), so on its own device the scorer
 works on batch N while batch N+1 renders; torch releases the GIL inside its kernels, so
@@ -22,6 +25,7 @@ the ledger rows it booked, which the listener commits in one transaction.
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
@@ -90,7 +94,7 @@ class Listener(Protocol):
 
 
 _RENDERED, _SCORED, _SCORE_FAILED, _CALL = "rendered", "scored", "score_failed", "call"
-_LOST = "lost"
+_LOST, _STOP = "lost", "stop"
 MAX_LOSSES = 3
 """Batches in a row a render worker may lose (dying each time) before it is retired; the run
 stops when a device class has no worker left."""
@@ -129,7 +133,14 @@ class RealtimeEngine:
         self.listener = listener
         self._clock = clock
         self._t0 = clock()
-        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._posting = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self._early: list[tuple[str, Any]] = []  # posted before the loop started
+        self._done: asyncio.Future[None] | None = None
+        self._until_idle = True
+        self._step_due = False
+        self._timer: asyncio.TimerHandle | None = None
         self._render_q: dict[str, queue.Queue[Batch | None]] = {
             dc: queue.Queue() for dc in self.executors
         }
@@ -146,7 +157,6 @@ class RealtimeEngine:
         self._score_sent = 0.0
         self._sent: dict[int, float] = {}  # render batch id -> when its worker got it
         self._threads: list[threading.Thread] = []
-        self._stop = threading.Event()
 
     @classmethod
     def build(
@@ -202,8 +212,7 @@ class RealtimeEngine:
 
     def stop(self) -> None:
         """Ask the loop to stop after the step in progress (results in flight are dropped)."""
-        self._stop.set()
-        self._inbox.put(("wake", None))
+        self._post((_STOP, None))
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -211,10 +220,16 @@ class RealtimeEngine:
         """Run ``fn(now)`` on the loop's thread; thread-safe, for callers while it runs.
 
         A service submits and cancels this way, so the scheduler is only ever touched by
-        the loop's thread. The future holds ``fn``'s return value or exception.
+        the loop's thread. Called on that thread (a handler on the service's event loop),
+        ``fn`` runs at once and the loop steps right after. The future holds ``fn``'s
+        return value or exception.
         """
         fut: Future[Any] = Future()
-        self._inbox.put((_CALL, (fn, fut)))
+        if self._loop is not None and threading.get_ident() == self._loop_thread:
+            self._run_call(fn, fut)
+            self._soon()
+        else:
+            self._post((_CALL, (fn, fut)))
         return fut
 
     def add_workers(self, device_class: str, executors: Sequence[Executor]) -> Future[int]:
@@ -253,43 +268,102 @@ class RealtimeEngine:
         return self.call(add)
 
     def run(self, *, until_idle: bool = True) -> None:
-        """Run until every submitted request is terminal (or :meth:`stop` is called).
+        """Run until every submitted request is terminal (or :meth:`stop` is called), on an
+        event loop of the calling thread's own.
 
         With ``until_idle=False`` it keeps running when idle, waiting for :meth:`call`,
         until :meth:`stop`.
         """
+        asyncio.run(self.serve(until_idle=until_idle))
+
+    async def serve(self, *, until_idle: bool = True) -> None:
+        """:meth:`run` on the running event loop: a service runs the engine on the loop
+        that answers its HTTP requests, so an answer crosses no thread but the worker's.
+
+        Every step runs as a callback of the loop: a worker's result arrives with
+        ``call_soon_threadsafe``, the scheduler's next wake-up is a ``call_later`` timer,
+        and after each message (or each burst of them) the loop dispatches once.
+        """
+        loop = asyncio.get_running_loop()
+        self._done = loop.create_future()
+        self._until_idle, self._step_due, self._timer = until_idle, False, None
+        with self._posting:
+            self._loop, self._loop_thread = loop, threading.get_ident()
+            early, self._early = self._early, []
         for dc, executors in self.executors.items():
             for i in range(len(executors)):
                 self._start_worker(self._render_worker, (dc, i), f"render-{dc}-{i}")
         self._start_worker(self._score_worker, None, "score")
+        for msg in early:
+            self._deliver(msg)
+        self._soon()
         try:
-            while not self._stop.is_set():
-                # One reading of the clock for cutting and for the timer: with two, a delay
-                # that ran out between them was neither cut nor timed, and the request
-                # waited for the next message.
-                now = self.now()
-                self._dispatch(now)
-                if until_idle and self._finished():
-                    return
-                wake = self.scheduler.next_wakeup(now)
-                timeout = None if wake is None else max(0.0, wake - self.now())
-                try:
-                    msg = self._inbox.get(timeout=timeout)
-                except queue.Empty:
-                    continue
-                self._handle(msg)
-                while True:
-                    try:
-                        self._handle(self._inbox.get_nowait())
-                    except queue.Empty:
-                        break
+            await self._done
         finally:
+            with self._posting:
+                self._loop = None
+            if self._timer is not None:
+                self._timer.cancel()
             for dc, q in self._render_q.items():
                 for _ in self.executors[dc]:
                     q.put(None)
             self._score_q.put(None)
-            for t in self._threads:
-                t.join(timeout=60)
+            threads = list(self._threads)
+            await asyncio.to_thread(lambda: [t.join(timeout=60) for t in threads])
+
+    def _post(self, msg: tuple[str, Any]) -> None:
+        """Hand ``msg`` to the loop from any thread (kept until the loop starts; dropped
+        once it has ended)."""
+        with self._posting:
+            loop = self._loop
+            if loop is None:
+                if self._done is None:
+                    self._early.append(msg)
+                return
+        try:
+            loop.call_soon_threadsafe(self._deliver, msg)
+        except RuntimeError:  # the loop closed between the check and the call
+            pass
+
+    def _deliver(self, msg: tuple[str, Any]) -> None:
+        if self._done is None or self._done.done():
+            return
+        try:
+            self._handle(msg)
+        except BaseException as exc:  # the run ends with it, as a threaded loop's would
+            self._done.set_exception(exc)
+            return
+        self._soon()
+
+    def _soon(self) -> None:
+        """Step once the messages already delivered are handled (one step per burst)."""
+        if not self._step_due and self._loop is not None:
+            self._step_due = True
+            self._loop.call_soon(self._step)
+
+    def _step(self) -> None:
+        """Dispatch, finish when idle, and set the timer for the scheduler's next wake-up."""
+        self._step_due = False
+        done = self._done
+        if done is None or done.done() or self._loop is None:
+            return
+        try:
+            # One reading of the clock for cutting and for the timer: with two, a delay
+            # that ran out between them was neither cut nor timed.
+            now = self.now()
+            self._dispatch(now)
+            if self._until_idle and self._finished():
+                done.set_result(None)
+                return
+            wake = self.scheduler.next_wakeup(now)
+        except BaseException as exc:
+            done.set_exception(exc)
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if wake is not None:
+            self._timer = self._loop.call_later(max(0.0, wake - self.now()), self._step)
 
     def _start_worker(self, target: Callable[..., None], arg: Any, name: str) -> None:
         args = () if arg is None else arg if isinstance(arg, tuple) else (arg,)
@@ -322,12 +396,10 @@ class RealtimeEngine:
     def _handle(self, msg: tuple[str, Any]) -> None:
         kind, payload = msg
         if kind == _CALL:
-            fn, fut = payload
-            if fut.set_running_or_notify_cancel():
-                try:
-                    fut.set_result(fn(self.now()))
-                except Exception as exc:
-                    fut.set_exception(exc)
+            self._run_call(*payload)
+        elif kind == _STOP:
+            if self._done is not None and not self._done.done():
+                self._done.set_result(None)
         elif kind == _RENDERED:
             batch, result = payload
             self._free[batch.key.device_class] += 1
@@ -343,6 +415,13 @@ class RealtimeEngine:
             failed = self.scoring.failed(job, error)
             if failed is not None:
                 self._on_scored(job, failed)
+
+    def _run_call(self, fn: Callable[[float], Any], fut: Future[Any]) -> None:
+        if fut.set_running_or_notify_cancel():
+            try:
+                fut.set_result(fn(self.now()))
+            except Exception as exc:
+                fut.set_exception(exc)
 
     def _on_rendered(self, batch: Batch, result: BatchResult) -> None:
         before = _snapshot(self.scheduler.ledger)
@@ -419,7 +498,7 @@ class RealtimeEngine:
             except WorkerLost as exc:  # the executor's backend died; the executor lives on
                 streak += 1
                 gone = (batch, time.perf_counter() - start, str(exc), (index, streak), False)
-                self._inbox.put((_LOST, gone))
+                self._post((_LOST, gone))
                 if streak > MAX_LOSSES:
                     return  # retired (see _on_lost)
                 continue
@@ -430,23 +509,23 @@ class RealtimeEngine:
             except BaseException as exc:  # this thread is dying: the batch must not die with it
                 error = f"{type(exc).__name__}: {exc}"
                 lost = (batch, time.perf_counter() - start, error, (index, streak + 1), True)
-                self._inbox.put((_LOST, lost))
+                self._post((_LOST, lost))
                 return
             streak = 0
-            self._inbox.put((_RENDERED, (batch, result)))
+            self._post((_RENDERED, (batch, result)))
 
     def _score_worker(self) -> None:
         while (job := self._score_q.get()) is not None:
             try:
                 result = self.scorer.score(job.images, [r.prompt for r in job.requests])
             except Exception as exc:
-                self._inbox.put((_SCORE_FAILED, (job, f"{type(exc).__name__}: {exc}")))
+                self._post((_SCORE_FAILED, (job, f"{type(exc).__name__}: {exc}")))
                 continue
             except BaseException as exc:  # the thread is dying: retry the job on a new one
                 self._start_worker(self._score_worker, None, "score")
-                self._inbox.put((_SCORE_FAILED, (job, f"scorer died: {type(exc).__name__}")))
+                self._post((_SCORE_FAILED, (job, f"scorer died: {type(exc).__name__}")))
                 return
-            self._inbox.put((_SCORED, (job, result)))
+            self._post((_SCORED, (job, result)))
 
 
 def _as_list(executors: Executor | Sequence[Executor]) -> list[Executor]:
