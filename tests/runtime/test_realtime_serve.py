@@ -81,3 +81,47 @@ def test_a_timer_that_runs_out_between_two_clock_reads_still_cuts_the_batch(step
     engine.stop()
     assert not stuck, f"the lone request was never cut (clock step {step})"
     assert listener.accepted == ["r0"]
+
+
+def test_on_a_running_loop_a_call_from_that_loop_runs_at_once_and_results_come_back() -> None:
+    # ``serve`` steps the engine on the caller's event loop: a handler's call is answered
+    # before it returns (no thread hop), and the workers' results arrive as loop callbacks.
+    import asyncio
+
+    sched = Scheduler(Dynamic(0.0, 4), qa=QAPolicy(threshold=0.5))
+    listener = Collect()
+    engine = RealtimeEngine(sched, {"cpu": FakeExecutor()}, ScriptedScorer(), listener)
+    # Posted from another thread before the loop runs: kept and delivered at the start.
+    early = engine.call(lambda now: sched.submit(Request("r0", "a red circle", KEY), now))
+
+    async def main() -> tuple[bool, list[bool]]:
+        serving = asyncio.ensure_future(engine.serve(until_idle=False))
+        await asyncio.sleep(0)
+        calls = [
+            engine.call(lambda now, i=i: sched.submit(Request(f"r{i}", "a circle", KEY), now))
+            for i in range(1, 5)
+        ]
+        answered = [c.done() and c.result().admitted for c in calls]
+        while not listener.done.is_set():
+            await asyncio.sleep(0.01)
+        engine.stop()
+        await asyncio.wait_for(serving, 10)
+        return early.result(timeout=0).admitted, answered
+
+    admitted_early, answered = asyncio.run(asyncio.wait_for(main(), 30))
+    assert admitted_early and answered == [True] * 4
+    assert sorted(listener.accepted) == [f"r{i}" for i in range(5)]
+
+
+def test_a_listener_that_raises_ends_serve_with_its_error() -> None:
+    import asyncio
+
+    class Broken(Collect):
+        def step(self, step: Step) -> None:
+            raise RuntimeError("listener broke")
+
+    sched = Scheduler(Dynamic(0.0, 4), qa=QAPolicy(threshold=0.5))
+    engine = RealtimeEngine(sched, {"cpu": FakeExecutor()}, ScriptedScorer(), Broken())
+    engine.submit(Request("r0", "a red circle", KEY))
+    with pytest.raises(RuntimeError, match="listener broke"):
+        asyncio.run(asyncio.wait_for(engine.serve(), 30))

@@ -26,6 +26,7 @@ the ledger rows it booked, which the listener commits in one transaction.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 import time
@@ -285,9 +286,9 @@ class RealtimeEngine:
         and after each message (or each burst of them) the loop dispatches once.
         """
         loop = asyncio.get_running_loop()
-        self._done = loop.create_future()
         self._until_idle, self._step_due, self._timer = until_idle, False, None
-        with self._posting:
+        with self._posting:  # a message posted now is either early or delivered
+            self._done = loop.create_future()
             self._loop, self._loop_thread = loop, threading.get_ident()
             early, self._early = self._early, []
         for dc, executors in self.executors.items():
@@ -309,7 +310,7 @@ class RealtimeEngine:
                     q.put(None)
             self._score_q.put(None)
             threads = list(self._threads)
-            await asyncio.to_thread(lambda: [t.join(timeout=60) for t in threads])
+            await asyncio.to_thread(_join_all, threads, 60.0)
 
     def _post(self, msg: tuple[str, Any]) -> None:
         """Hand ``msg`` to the loop from any thread (kept until the loop starts; dropped
@@ -320,10 +321,8 @@ class RealtimeEngine:
                 if self._done is None:
                     self._early.append(msg)
                 return
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop closed after the check
             loop.call_soon_threadsafe(self._deliver, msg)
-        except RuntimeError:  # the loop closed between the check and the call
-            pass
 
     def _deliver(self, msg: tuple[str, Any]) -> None:
         if self._done is None or self._done.done():
@@ -547,3 +546,8 @@ def _delta(before: Mapping[tuple[Any, str], float], ledger: Ledger) -> tuple[Led
         if added > 0:
             rows.append(LedgerRow(Stage(stage), dev, added))
     return tuple(rows)
+
+
+def _join_all(threads: Sequence[threading.Thread], timeout_s: float) -> None:
+    for t in threads:
+        t.join(timeout=timeout_s)

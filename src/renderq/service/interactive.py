@@ -9,6 +9,7 @@ thread; a call's requests are built on its HTTP thread.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import os
@@ -61,7 +62,8 @@ class Answer:
     the event loop is woken once per call.
     """
 
-    done: Future[list[ImageResult]]
+    #: Resolved on the engine's loop: an asyncio future of that loop, or a thread-safe one.
+    done: Future[list[ImageResult]] | asyncio.Future[list[ImageResult]]
     results: list[ImageResult | None]
     left: int
     #: Set when the call was refused while being submitted: its requests' ends say nothing.

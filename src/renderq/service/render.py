@@ -1,8 +1,9 @@
 """The service behind ``renderq serve``: one device pool, one scheduler, many callers.
 
-HTTP handlers never touch the scheduler: every submit, cancel and snapshot runs on the
-engine's loop thread through ``RealtimeEngine.call``, and results come back through
-a future per call that the service's listener resolves from the engine's steps.
+HTTP handlers never touch the scheduler directly: every submit, cancel and snapshot runs
+on the engine's loop through ``RealtimeEngine.call`` (under ``serve``, the event loop that
+answers HTTP, so a handler's call runs at once), and results come back through a future
+per call that the service's listener resolves from the engine's steps.
 :class:`RenderService` is the face the app talks to; the work is in its parts: the loaded
 model (``loading.py``), interactive calls (``interactive.py``), bulk jobs (``bulk.py``)
 and the dashboard's counts (``metrics.py``).
@@ -11,6 +12,7 @@ and the dashboard's counts (``metrics.py``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import threading
 import time
@@ -49,7 +51,7 @@ from renderq.service.metrics import Dashboard, Metrics
 
 
 class RenderService:
-    """Owns the model, the scheduler and the engine thread; thread-safe entry points."""
+    """Owns the model, the scheduler and the engine; thread-safe entry points."""
 
     def __init__(
         self,
@@ -65,7 +67,8 @@ class RenderService:
         self._load = load or load_models
         self._engine: RealtimeEngine | None = None
         self.workers = Workers()
-        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._running: Future[None] | None = None  # the engine's run, until it ends
         self.defaults: Defaults | None = None
         self.model: Served | None = None
         #: Images per second at the best batch size, measured at warm-up.
@@ -78,7 +81,16 @@ class RenderService:
     # -- life cycle -------------------------------------------------------------------
 
     def start(self) -> None:
-        """Load the model in the background; ``ready`` is set once it can serve."""
+        """Load the model in the background; ``ready`` is set once it can serve.
+
+        Called on a running event loop (the app's start-up), the engine steps on that
+        loop, so an interactive call is submitted and answered without a thread hop;
+        called from plain code, it steps on a thread of its own.
+        """
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
         threading.Thread(target=self._start, daemon=True, name="renderq-load").start()
 
     def _start(self) -> None:
@@ -112,16 +124,38 @@ class RenderService:
             watch = getattr(workers.owner, "watch", None)
             if watch is not None and not loops:
                 watch(self.add_workers)
-            self._thread = threading.Thread(
-                target=lambda: engine.run(until_idle=False), daemon=True, name="renderq-engine"
-            )
-            self._thread.start()
+            if self._loop is not None:
+                self._running = asyncio.run_coroutine_threadsafe(
+                    engine.serve(until_idle=False), self._loop
+                )
+            else:
+                self._running = Future()
+                threading.Thread(
+                    target=self._run_engine, args=(engine, self._running), daemon=True,
+                    name="renderq-engine",
+                ).start()  # fmt: skip
+            self._running.add_done_callback(self._engine_ended)
             self._call(self.bulk.resume).result(timeout=300)
             self.metrics.ready.set(1)
             self.ready.set()
         except Exception as exc:  # reported by /readyz
             self.load_error = f"{type(exc).__name__}: {exc}"
             self.workers.close()
+
+    @staticmethod
+    def _run_engine(engine: RealtimeEngine, ended: Future[None]) -> None:
+        try:
+            engine.run(until_idle=False)
+            ended.set_result(None)
+        except BaseException as exc:
+            ended.set_exception(exc)
+
+    def _engine_ended(self, ended: Future[None]) -> None:
+        exc = None if ended.cancelled() else ended.exception()
+        if exc is not None:  # every later call answers 503 with the reason
+            self.load_error = f"the engine stopped: {type(exc).__name__}: {exc}"
+            self.ready.clear()
+            print(f"renderq serve: {self.load_error}", file=sys.stderr, flush=True)
 
     def add_workers(self, device_class: str, executors: Sequence[Executor]) -> Future[int]:
         """Take more render workers of the served class (actors on a node that joined):
@@ -179,8 +213,9 @@ class RenderService:
         self.wait_idle(timeout_s)
         kept = self._call(lambda now: self.bulk.close()).result(timeout=timeout_s)
         self._engine.stop()
-        if self._thread is not None:
-            self._thread.join(timeout=timeout_s)
+        if self._running is not None:
+            with contextlib.suppress(Exception):  # an engine that failed: _engine_ended
+                self._running.result(timeout=timeout_s)
         self.workers.close()
         print(f"renderq serve: drained; {kept} queued bulk prompts kept for the next start",
               file=sys.stderr, flush=True)  # fmt: skip
@@ -204,7 +239,13 @@ class RenderService:
         One future carries the refusal or every answer, so the event loop is woken once
         per call, not once for the admission and again for the images.
         """
-        answer = Answer(Future(), [None] * len(requests), len(requests))
+        loop = asyncio.get_running_loop()
+        # With the engine on this loop the answer is this loop's own future; otherwise
+        # a thread-safe one, wrapped.
+        done: asyncio.Future[list[ImageResult]] | Future[list[ImageResult]] = (
+            loop.create_future() if loop is self._loop else Future()
+        )
+        answer = Answer(done, [None] * len(requests), len(requests))
 
         def submit(now: float) -> None:
             try:
@@ -214,7 +255,7 @@ class RenderService:
                 answer.fail(exc)
 
         self._call(submit)
-        return await asyncio.wrap_future(answer.done)
+        return await (done if isinstance(done, asyncio.Future) else asyncio.wrap_future(done))
 
     # -- bulk jobs --------------------------------------------------------------------
 
