@@ -206,3 +206,52 @@ def test_workers_that_join_a_running_service_count_for_admission_and_capacity(
 
     assert len(asyncio.run(go())) == 8  # every request answered with two workers
     svc.drain(timeout_s=30)
+
+
+def test_a_bulk_commit_that_blocks_holds_up_neither_the_loop_nor_interactive_answers(
+    tmp_path: Path, monkeypatch: object
+) -> None:
+    # Started on an event loop, the engine steps on that loop and the job stores' commits
+    # (SQLite, image writes and fsyncs) run on the jobs thread: an interactive call is
+    # answered while a bulk commit is stuck, and the commit still lands afterwards.
+    import threading
+    import time
+
+    import pytest
+
+    from renderq.service.jobs import ServiceJob
+
+    assert isinstance(monkeypatch, pytest.MonkeyPatch)
+    entered, release = threading.Event(), threading.Event()
+    threads: set[str] = set()
+    real_step = ServiceJob.step
+
+    def stuck_step(self: ServiceJob, step: object) -> None:
+        threads.add(threading.current_thread().name)
+        entered.set()
+        release.wait(timeout=30)
+        real_step(self, step)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ServiceJob, "step", stuck_step)
+    svc = RenderService(ServiceConfig(spec=NULL, data_dir=tmp_path, batching=batches_of(4)))
+
+    async def main() -> dict[str, object]:
+        svc.start()
+        assert await asyncio.to_thread(svc.ready.wait, 60), svc.load_error
+        job_id = await asyncio.to_thread(svc.create_job, "local", [("a red circle", 1, "")] * 4)
+        assert await asyncio.to_thread(entered.wait, 30)
+        reqs = svc.build_requests("local", prompt="a blue square", n=2, seed=3, qa=False)
+        results = await asyncio.wait_for(svc.generate(reqs, None), 10)
+        assert [r.seed for r in results] == [3, 4] and not release.is_set()
+        release.set()
+        deadline = time.monotonic() + 30
+        status = await asyncio.to_thread(svc.job_status, "local", job_id)
+        while status["state"] != "done" and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            status = await asyncio.to_thread(svc.job_status, "local", job_id)
+        await asyncio.to_thread(svc.drain, 30)
+        return status
+
+    status = asyncio.run(main())
+    assert status["state"] == "done" and status["accepted"] + status["escalated"] == 4
+    assert threads and all(t.startswith("renderq-jobs") for t in threads), threads

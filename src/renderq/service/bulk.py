@@ -3,7 +3,12 @@
 The jobs themselves are ``renderq run``-style folders (``service/jobs.py``, over the job
 runner of ``jobs/``). Their prompts flow into the shared scheduler from a backlog as room
 frees: backpressure, not refusal, so a job larger than the queue waits in its store and
-finishes without a restart. Every method runs on the engine's loop thread.
+finishes without a restart.
+
+Two threads share the work: the job stores (SQLite connections, which stay on the thread
+that opened them, and the images' writes and fsyncs) belong to the service's jobs thread,
+so a commit never holds up the event loop; the backlogs and the scheduler belong to the
+engine's loop. Each method says where it runs; the loop never waits on the jobs thread.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class Bulk:
         self.outstanding = outstanding
         #: Bulk prompts waiting for room in their key's queue, per job (see :meth:`top_up`).
         self.backlog: dict[str, deque[Request]] = {}
+        self._tenant: dict[str, str] = {}  # job id -> tenant, for the loop's counts
         #: Set when the service drains: no more bulk prompts enter the queue.
         self.stopped = False
         #: How many queued requests of one key bulk work may hold (None: no limit): three
@@ -46,6 +52,8 @@ class Bulk:
         limit = config.max_queue_per_key
         self.room = None if limit is None else max(1, limit * 3 // 4)
         self._scheduler = scheduler
+
+    # -- on the jobs thread: the stores ------------------------------------------------
 
     def create(
         self,
@@ -56,8 +64,8 @@ class Bulk:
         lengths: Sequence[dict[str, Any]],
         opts: dict[str, Any],
         now: float,
-    ) -> str:
-        """Persist a job of prompts checked by the caller and queue them; returns its id."""
+    ) -> tuple[str, list[Request]]:
+        """Persist a job of prompts checked by the caller; its id and requests to queue."""
         spec = self.config.spec
         job = self.jobs.create(
             tenant, prompts, lengths=lengths, key=key, guidance=guidance,
@@ -65,79 +73,19 @@ class Bulk:
             windows=opts.get("windows"), max_attempts=self.config.qa.max_attempts,
             config={"model": spec.model, "scorer": spec.scorer, "guidance": guidance},
         )  # fmt: skip
-        self.submit(job, now)
-        return job.id
+        return job.id, _pending(job, now)
 
-    def submit(self, job: ServiceJob, now: float) -> None:
-        """Queue every prompt of ``job`` not yet ended, as room frees."""
-        # Job windows are in Unix time; the scheduler's clock is the engine's.
-        self.backlog[job.id] = deque(job.pending_requests(clock_offset=now - time.time()))
-        self.top_up(now)
-
-    def queue(self, job: ServiceJob, request: Request, now: float) -> None:
-        """Queue one more request of ``job`` (a reviewer's edit) behind its backlog."""
-        self.backlog.setdefault(job.id, deque()).append(request)
-        self.top_up(now)
-
-    def top_up(self, now: float) -> None:
-        """Move bulk prompts from their jobs' backlogs into the queue as room frees."""
-        if not self.backlog or self.stopped:
-            return
-        sched, room = self._scheduler(), self.room
-        depths = sched.queue_depths()
-        for job_id, backlog in list(self.backlog.items()):
-            while backlog and (room is None or depths.get(backlog[0].key, 0) < room):
-                r = backlog.popleft()
-                if not sched.submit(r, now).admitted:  # full some other way: try again later
-                    sched.forget(r.id)
-                    backlog.appendleft(r)
-                    break
-                self.outstanding.track(r, now)
-                depths[r.key] = depths.get(r.key, 0) + 1
-            if not backlog:
-                del self.backlog[job_id]
+    def unfinished(self, now: float) -> list[tuple[str, list[Request]]]:
+        """Open the unfinished jobs found on disk (after a restart): each one's requests."""
+        return [(job.id, _pending(job, now)) for job in self.jobs.resume()]
 
     def status(self, tenant: str, job_id: str) -> dict[str, Any]:
-        """A job's status, with ``in_flight``: its prompts in a running render or score batch."""
-        job = self.jobs.get(tenant, job_id)
-        busy = (RequestState.RUNNING, RequestState.SCORING)
-        prefix = job.id + SEP
-        # From the scheduler, not the tracked requests: a cancelled job's running prompts
-        # are no longer tracked but are still on the device.
-        in_flight = sum(
-            1
-            for rid, st in self._scheduler().states().items()
-            if st in busy and rid.startswith(prefix)
-        )
-        return {**job.status(), "in_flight": in_flight}
+        """A job's counts and ledger from its store."""
+        return self.jobs.get(tenant, job_id).status()
 
-    def cancel(self, tenant: str, job_id: str, now: float) -> dict[str, Any]:
-        """Cancel a job: queued prompts are dropped now, rendered images are kept."""
-        job = self.jobs.get(tenant, job_id)
-        job.mark_cancelled()
-        self.backlog.pop(job.id, None)
-        sched = self._scheduler()
-        for rid in [r for r in self.outstanding.waiters if r.startswith(job.id + SEP)]:
-            sched.cancel(rid, now)
-            self.outstanding.forget(rid)
-        return self.status(tenant, job_id)
-
-    def resume(self, now: float) -> None:
-        """Queue the unfinished jobs found on disk (after a restart)."""
-        for job in self.jobs.resume():
-            self.submit(job, now)
-
-    def cancel_queued(self, now: float) -> int:
-        """Drop queued and waiting bulk prompts (they stay pending in their job stores)."""
-        sched = self._scheduler()
-        kept = sum(len(b) for b in self.backlog.values())
-        self.backlog.clear()
-        for rid in list(self.outstanding.waiters):
-            if SEP in rid and sched.state(rid) is RequestState.QUEUED:
-                sched.cancel(rid, now)
-                self.outstanding.forget(rid)
-                kept += 1
-        return kept
+    def mark_cancelled(self, tenant: str, job_id: str) -> None:
+        """Record a job's cancel in its folder (its rendered images are kept)."""
+        self.jobs.get(tenant, job_id).mark_cancelled()
 
     def close(self) -> int:
         """Close every job store; returns the prompts they keep pending for the next start.
@@ -163,31 +111,107 @@ class Bulk:
         for job, sub in self.jobs.split_step(step, shares).items():
             job.step(sub)
 
+    def progress(self) -> dict[str | None, list[dict[str, Any]]]:
+        """The dashboard's job rows, for all (``None``) and per tenant: unfinished first,
+        then newest; the loop adds each row's ``waiting`` (:meth:`add_waiting`).
+
+        ``escalated`` counts every prompt that failed the gate and is not accepted (a
+        reviewer's rejections and edits included).
+        """
+        jobs = list(self.jobs.jobs.values())
+        jobs.sort(key=lambda j: (j.state in ("done", "cancelled"), -float(j.meta["created"])))
+        rows: dict[str | None, list[dict[str, Any]]] = {None: []}
+        for job in jobs:
+            mine = rows.setdefault(job.tenant, [])
+            if len(mine) >= DASHBOARD_JOBS and len(rows[None]) >= DASHBOARD_JOBS:
+                continue
+            counts = job.store.counts()
+            accepted, pending = counts.get("accepted", 0), counts.get("pending", 0)
+            row = {
+                "id": job.id, "tenant": job.tenant, "state": job.state,
+                "mode": str(job.meta["mode"]), "total": len(job.rows), "accepted": accepted,
+                "escalated": not_accepted(counts), "pending": pending,
+            }  # fmt: skip
+            for scope in (None, job.tenant):
+                if len(rows[scope]) < DASHBOARD_JOBS:
+                    rows[scope].append(row)
+        return rows
+
+    # -- on the loop: the backlogs and the scheduler -----------------------------------
+
+    def enqueue(self, job_id: str, requests: Sequence[Request], now: float) -> None:
+        """Queue a job's requests (all its unended prompts) as room frees."""
+        self.backlog.setdefault(job_id, deque()).extend(requests)
+        for r in requests[:1]:
+            self._tenant[job_id] = r.tenant
+        self.top_up(now)
+
+    def queue(self, request: Request, now: float) -> None:
+        """Queue one more request of its job (a reviewer's edit) behind the job's backlog."""
+        self.enqueue(str(request.job), [request], now)
+
+    def top_up(self, now: float) -> None:
+        """Move bulk prompts from their jobs' backlogs into the queue as room frees."""
+        if not self.backlog or self.stopped:
+            return
+        sched, room = self._scheduler(), self.room
+        depths = sched.queue_depths()
+        for job_id, backlog in list(self.backlog.items()):
+            while backlog and (room is None or depths.get(backlog[0].key, 0) < room):
+                r = backlog.popleft()
+                if not sched.submit(r, now).admitted:  # full some other way: try again later
+                    sched.forget(r.id)
+                    backlog.appendleft(r)
+                    break
+                self.outstanding.track(r, now)
+                depths[r.key] = depths.get(r.key, 0) + 1
+            if not backlog:
+                del self.backlog[job_id]
+
+    def in_flight(self, job_id: str) -> int:
+        """The job's prompts in a running render or score batch.
+
+        From the scheduler, not the tracked requests: a cancelled job's running prompts
+        are no longer tracked but are still on the device.
+        """
+        busy = (RequestState.RUNNING, RequestState.SCORING)
+        prefix = job_id + SEP
+        states = self._scheduler().states().items()
+        return sum(1 for rid, st in states if st in busy and rid.startswith(prefix))
+
+    def cancel(self, job_id: str, now: float) -> None:
+        """Drop a cancelled job's backlog and queued prompts (running batches finish)."""
+        self.backlog.pop(job_id, None)
+        sched = self._scheduler()
+        for rid in [r for r in self.outstanding.waiters if r.startswith(job_id + SEP)]:
+            sched.cancel(rid, now)
+            self.outstanding.forget(rid)
+
+    def cancel_queued(self, now: float) -> int:
+        """Drop queued and waiting bulk prompts (they stay pending in their job stores)."""
+        sched = self._scheduler()
+        kept = sum(len(b) for b in self.backlog.values())
+        self.backlog.clear()
+        for rid in list(self.outstanding.waiters):
+            if SEP in rid and sched.state(rid) is RequestState.QUEUED:
+                sched.cancel(rid, now)
+                self.outstanding.forget(rid)
+                kept += 1
+        return kept
+
     def waiting(self, tenant: str | None = None) -> int:
         """Bulk prompts (``tenant``'s, or all) still in their jobs' backlogs."""
         return sum(
             len(b)
             for job_id, b in self.backlog.items()
-            if tenant is None or self.jobs.jobs[job_id].tenant == tenant
+            if tenant is None or self._tenant.get(job_id) == tenant
         )
 
-    def progress(self, tenant: str | None) -> list[dict[str, Any]]:
-        """The dashboard's job rows (``tenant``'s, or all): unfinished first, then newest.
+    def add_waiting(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """:meth:`progress`'s rows with ``waiting``: prompts still in the job's backlog."""
+        return [{**row, "waiting": len(self.backlog.get(row["id"], ()))} for row in rows]
 
-        ``escalated`` counts every prompt that failed the gate and is not accepted (a
-        reviewer's rejections and edits included); ``waiting`` the prompts still in the
-        job's backlog, not yet in the queue.
-        """
-        jobs = [j for j in self.jobs.jobs.values() if tenant is None or j.tenant == tenant]
-        jobs.sort(key=lambda j: (j.state in ("done", "cancelled"), -float(j.meta["created"])))
-        rows = []
-        for job in jobs[:DASHBOARD_JOBS]:
-            counts = job.store.counts()
-            accepted, pending = counts.get("accepted", 0), counts.get("pending", 0)
-            rows.append({
-                "id": job.id, "tenant": job.tenant, "state": job.state,
-                "mode": str(job.meta["mode"]), "total": len(job.rows), "accepted": accepted,
-                "escalated": not_accepted(counts), "pending": pending,
-                "waiting": len(self.backlog.get(job.id, ())),
-            })  # fmt: skip
-        return rows
+
+def _pending(job: ServiceJob, now: float) -> list[Request]:
+    # Job windows are in Unix time; the scheduler's clock (``now``) is the engine's.
+    return job.pending_requests(clock_offset=now - time.time())

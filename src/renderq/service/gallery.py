@@ -199,9 +199,10 @@ def gallery_router(service: RenderService, tenant: Callable[..., Any]) -> APIRou
         everyone = service.config.is_admin(who)
         return [j for j in service.jobs.jobs.values() if everyone or j.tenant == who]
 
-    def on_engine(fn: Callable[[float], Any]) -> Any:
-        # Job stores are written on the engine's loop thread; read them there too.
-        return service._call(fn).result(timeout=60)
+    def on_jobs(fn: Callable[[float], Any]) -> Any:
+        # Job stores are written on the service's jobs thread; read them there too (a
+        # decision runs there, so it never interleaves with a step's commit).
+        return service.on_jobs(fn).result(timeout=60)
 
     router.add_api_route(
         "/gallery/", gallery_page, response_class=HTMLResponse, include_in_schema=False
@@ -225,7 +226,7 @@ def gallery_router(service: RenderService, tenant: Callable[..., Any]) -> APIRou
             return {"scope": "all" if service.config.is_admin(who) else who,
                     **gallery(mine, job, outcome, limit)}  # fmt: skip
 
-        return JSONResponse(on_engine(read))
+        return JSONResponse(on_jobs(read))
 
     @router.get("/v1/gallery/files/{job_id}/{name:path}", include_in_schema=False)
     def image(job_id: str, name: str, who: str = who_is) -> Response:
@@ -237,7 +238,7 @@ def gallery_router(service: RenderService, tenant: Callable[..., Any]) -> APIRou
                 raise JobNotFound(job_id)
             return found.folder
 
-        return image_response(on_engine(folder), name)
+        return image_response(on_jobs(folder), name)
 
     @router.get("/assets/{name}", include_in_schema=False)
     def asset(name: str) -> Response:

@@ -17,8 +17,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
-from typing import Any
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
+from typing import Any, TypeVar
 
 from renderq.core.admission import AdmissionConfig
 from renderq.core.errors import ConfigError
@@ -49,6 +50,8 @@ from renderq.service.loading import (
 )
 from renderq.service.metrics import Dashboard, Metrics
 
+T = TypeVar("T")
+
 
 class RenderService:
     """Owns the model, the scheduler and the engine; thread-safe entry points."""
@@ -76,6 +79,8 @@ class RenderService:
         self.dashboard = Dashboard(self.metrics, self._scheduler)
         self.outstanding = Outstanding(config, self.dashboard, self._scheduler)
         self.jobs = JobBook(config.data_dir / "jobs")
+        #: The one thread that owns the job stores (see ``bulk.py``).
+        self._jobs_thread = ThreadPoolExecutor(1, thread_name_prefix="renderq-jobs")
         self.bulk = Bulk(config, self.jobs, self.outstanding, self._scheduler)
 
     # -- life cycle -------------------------------------------------------------------
@@ -135,7 +140,8 @@ class RenderService:
                     name="renderq-engine",
                 ).start()  # fmt: skip
             self._running.add_done_callback(self._engine_ended)
-            self._call(self.bulk.resume).result(timeout=300)
+            for job_id, requests in self.on_jobs(self.bulk.unfinished).result(timeout=300):
+                self._call(partial(self.bulk.enqueue, job_id, requests)).result(timeout=300)
             self.metrics.ready.set(1)
             self.ready.set()
         except Exception as exc:  # reported by /readyz
@@ -211,7 +217,8 @@ class RenderService:
         if self._engine is None:
             return
         self.wait_idle(timeout_s)
-        kept = self._call(lambda now: self.bulk.close()).result(timeout=timeout_s)
+        # After every step already handed to the jobs thread (it runs them in order).
+        kept = self.on_jobs(lambda now: self.bulk.close()).result(timeout=timeout_s)
         self._engine.stop()
         if self._running is not None:
             with contextlib.suppress(Exception):  # an engine that failed: _engine_ended
@@ -277,27 +284,40 @@ class RenderService:
         if self.draining:
             self.outstanding.refuse(503, "draining", DRAINING, 5.0, tenant)
 
-        def create(now: float) -> str:
+        def create(now: float) -> tuple[str, list[Request]]:
             return self.bulk.create(tenant, prompts, key, guidance, lengths, opts, now)
 
-        return str(self._call(create).result(timeout=120))
+        job_id, requests = self.on_jobs(create).result(timeout=120)
+        self._call(partial(self.bulk.enqueue, job_id, requests)).result(timeout=120)
+        return job_id
 
     def job_status(self, tenant: str, job_id: str) -> dict[str, Any]:
-        """Progress and ledger of one of the tenant's jobs (JobNotFound otherwise)."""
-        return dict(self._call(lambda now: self.bulk.status(tenant, job_id)).result(60))
+        """Progress and ledger of one of the tenant's jobs (JobNotFound otherwise), with
+        ``in_flight``: its prompts in a running render or score batch."""
+        status = self.on_jobs(lambda now: self.bulk.status(tenant, job_id)).result(60)
+        in_flight = self._call(lambda now: self.bulk.in_flight(job_id)).result(60)
+        return {**status, "in_flight": in_flight}
 
     def job_images(
         self, tenant: str, job_id: str, offset: int, limit: int, with_images: bool
     ) -> tuple[list[dict[str, Any]], int]:
         """A page of the job's accepted images."""
-        page, total = self._call(
+        page, total = self.on_jobs(
             lambda now: self.jobs.get(tenant, job_id).images(offset, limit, with_images)
         ).result(60)
         return page, total
 
     def cancel_job(self, tenant: str, job_id: str) -> dict[str, Any]:
         """Cancel a job: queued prompts are dropped now, rendered images are kept."""
-        return dict(self._call(lambda now: self.bulk.cancel(tenant, job_id, now)).result(60))
+        self.on_jobs(lambda now: self.bulk.mark_cancelled(tenant, job_id)).result(60)
+        self._call(partial(self.bulk.cancel, job_id)).result(60)
+        return self.job_status(tenant, job_id)
+
+    def on_jobs(self, fn: Callable[[float], T]) -> Future[T]:
+        """Run ``fn(now)`` on the jobs thread, which owns every job store (its SQLite
+        connections stay on one thread, and its commits and image writes never hold up
+        the event loop); in order with the engine's steps handed to it."""
+        return self._jobs_thread.submit(lambda: fn(self._now()))
 
     # -- the engine's listener: called on the loop thread ------------------------------
 
@@ -306,7 +326,8 @@ class RenderService:
         now, waiters = self._now(), self.outstanding.waiters
         waits = [now - waiters[r.id].submitted for r in batch.requests if r.id in waiters]
         self.dashboard.started(batch, waits)
-        self.bulk.started(batch)
+        if any(r.job for r in batch.requests):
+            self._jobs_thread.submit(self.bulk.started, batch).add_done_callback(_report)
 
     def step(self, step: Step) -> None:
         """Metrics, job commits and interactive answers for one engine step."""
@@ -314,7 +335,10 @@ class RenderService:
         secs, dev = (stage.device_seconds, stage.device_class) if stage else (0.0, "")
         reqs = step.batch.requests if step.batch else step.scored
         self.dashboard.booked(step, reqs, secs)
-        self.bulk.step(step, reqs, secs, dev)
+        if any(r.job for r in reqs) or any(ev.request.job for ev in step.events):
+            self._jobs_thread.submit(self.bulk.step, step, reqs, secs, dev).add_done_callback(
+                _report
+            )
         for ev in step.events:
             self.outstanding.event(ev, step, now)
         self.bulk.top_up(now)
@@ -330,17 +354,22 @@ class RenderService:
         if self._engine is None:
             return {"ready": False, "load_error": self.load_error}
         scope = None if admin else tenant
-        return dict(self._call(lambda now: self._view(now, scope)).result(timeout=10))
+        rows = self.on_jobs(lambda now: self.bulk.progress()).result(timeout=10)
+        return dict(self._call(lambda now: self._view(now, scope, rows)).result(timeout=10))
 
-    def _view(self, now: float, tenant: str | None) -> dict[str, Any]:
+    def _view(
+        self, now: float, tenant: str | None, rows: dict[str | None, list[dict[str, Any]]]
+    ) -> dict[str, Any]:
         depths = self._depths() if tenant is None else self.outstanding.queued_by_key(tenant)
+        jobs = self.bulk.add_waiting(rows.get(tenant, []))
         view = self.dashboard.view(
-            tenant, depths, self.bulk.waiting(tenant), self.bulk.progress(tenant), now,
+            tenant, depths, self.bulk.waiting(tenant), jobs, now,
             draining=self.draining, capacity=self.capacity,
         )  # fmt: skip
         view["render_workers"] = {self.workers.device_class: len(self.workers.executors)}
         if tenant is None:
-            view["tenants"] = {t: self._view(now, t) for t in sorted(self.dashboard.tenants)}
+            tenants = sorted(self.dashboard.tenants)
+            view["tenants"] = {t: self._view(now, t, rows) for t in tenants}
         return view
 
     def metrics_text(self) -> bytes:
@@ -382,3 +411,12 @@ class RenderService:
 
     def _not_ready(self) -> Refused:
         return Refused(503, "not_ready", self.load_error or "the model is still loading", 2.0)
+
+
+def _report(done: Future[Any]) -> None:
+    """Say on stderr when a bulk job's commit failed (its prompts stay pending in its
+    store and resume at the next start)."""
+    exc = None if done.cancelled() else done.exception()
+    if exc is not None:
+        print(f"renderq serve: a bulk job's commit failed: {type(exc).__name__}: {exc}",
+              file=sys.stderr, flush=True)  # fmt: skip

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from functools import partial
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -198,10 +199,10 @@ def service_review_router(service: RenderService, tenant: Callable[..., Any]) ->
     # __future__``), and FastAPI cannot resolve a name local to this function.
     who_is = Depends(tenant)
 
-    def on_engine(fn: Callable[[float], Any]) -> Any:
-        # Job stores and their views are written on the engine's loop thread; a decision
-        # runs there too, so it never interleaves with a step's commit.
-        return service._call(fn).result(timeout=60)
+    def on_jobs(fn: Callable[[float], Any]) -> Any:
+        # Job stores are written on the service's jobs thread; read them there too (a
+        # decision runs there, so it never interleaves with a step's commit).
+        return service.on_jobs(fn).result(timeout=60)
 
     @router.get("/", response_class=HTMLResponse, include_in_schema=False)
     def page() -> HTMLResponse:
@@ -216,7 +217,7 @@ def service_review_router(service: RenderService, tenant: Callable[..., Any]) ->
             # The job's id, not its folder: a tenant has no business with server paths.
             return page_state(service.jobs.get(who, job_id).folder, who, f"job {job_id}")
 
-        return _guarded(lambda: on_engine(read))
+        return _guarded(lambda: on_jobs(read))
 
     @router.post("/api/{request_id}")
     def decide(job_id: str, request_id: str, body: DecisionBody, who: str = who_is) -> JSONResponse:
@@ -227,22 +228,22 @@ def service_review_router(service: RenderService, tenant: Callable[..., Any]) ->
             d = review.decide(job.folder, request_id, body.action, who, attempt=body.attempt,
                               prompt=body.prompt)  # fmt: skip
             if d.new_request_id is not None:
-                queue_edit(service, job, d.new_request_id, now)
+                queue_edit(service, job, d.new_request_id)
             return decision_dict(d)
 
-        return _guarded(lambda: on_engine(run))
+        return _guarded(lambda: on_jobs(run))
 
     @router.get("/files/{name:path}", include_in_schema=False)
     def image(job_id: str, name: str, who: str = who_is) -> Response:
         """A kept attempt image or an accepted image of the tenant's job."""
-        folder: Path = on_engine(lambda now: service.jobs.get(who, job_id).folder)
+        folder: Path = on_jobs(lambda now: service.jobs.get(who, job_id).folder)
         return image_response(folder, name)
 
     return router
 
 
-def queue_edit(service: RenderService, job: ServiceJob, request_id: str, now: float) -> None:
-    """Queue a job's resubmitted prompt now, at :data:`BULK_REVIEW_PRIORITY` (loop thread).
+def queue_edit(service: RenderService, job: ServiceJob, request_id: str) -> None:
+    """Queue a job's resubmitted prompt now, at :data:`BULK_REVIEW_PRIORITY` (jobs thread).
 
     The job's open store already holds the new prompt (the decision committed it); its
     cached rows and listener learn it here, then the request joins the job's backlog,
@@ -263,7 +264,7 @@ def queue_edit(service: RenderService, job: ServiceJob, request_id: str, now: fl
         priority=BULK_REVIEW_PRIORITY, guidance_scale=float(job.meta["guidance"]),
         negative_prompt=str(row.spec.get("negative_prompt", "")), tenant=job.tenant, job=job.id,
     )  # fmt: skip
-    service.bulk.queue(job, request, now)
+    service._call(partial(service.bulk.queue, request))  # on the loop: the scheduler's
 
 
 def _not_found(name: str) -> JSONResponse:
