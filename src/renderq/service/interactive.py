@@ -58,7 +58,7 @@ class ImageResult:
 class Answer:
     """The answer to one generation call: every image's result in order, or a failure.
 
-    One future for the call, resolved on the loop thread when its last image ends, so
+    One future for the call, resolved on the engine's loop when its last image ends, so
     the event loop is woken once per call.
     """
 

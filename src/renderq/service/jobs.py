@@ -5,7 +5,7 @@ A job lives in ``DATA/jobs/<id>/``: ``job.json`` (tenant, state, options), the j
 the service's scheduler with everything else; each engine step is split per job (events,
 images, and the job's head-count share of the batch's device-seconds) and handed to the
 same listener ``renderq run`` uses, which writes images atomically, then commits. Every
-method here runs on the engine's loop thread (SQLite connections stay on one thread).
+method here runs on the service's jobs thread (SQLite connections stay on one thread).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The metrics have their own registry, so several services can coexist. The dashboard's
 counts are kept in one :class:`Stats` for the whole service and one per tenant; they are
-counted on the engine's loop thread (from the listener's steps and the calls made there;
+counted on the engine's loop (from the listener's steps and the calls made there;
 only a new job refused while draining is counted on its HTTP thread) and read there by
 :meth:`Dashboard.view`.
 """

@@ -319,7 +319,7 @@ class RenderService:
         the event loop); in order with the engine's steps handed to it."""
         return self._jobs_thread.submit(lambda: fn(self._now()))
 
-    # -- the engine's listener: called on the loop thread ------------------------------
+    # -- the engine's listener: called on the engine's loop ----------------------------
 
     def started(self, batch: Batch) -> None:
         """Batch metrics, and the job listeners' progress counts."""
@@ -346,7 +346,8 @@ class RenderService:
     # -- inspection -------------------------------------------------------------------
 
     def stats(self, tenant: str | None = None, admin: bool = True) -> dict[str, Any]:
-        """Numbers for the dashboard (taken on the loop thread).
+        """Numbers for the dashboard (the jobs' rows on the jobs thread, the rest on the
+        engine's loop).
 
         ``admin``: the whole service, with each tenant's numbers under ``tenants``;
         otherwise only ``tenant``'s own requests, batches, latencies and ledger share.

@@ -11,7 +11,7 @@ one decision, ``GET /files/{name}`` a kept image.
 :func:`service_review_router` puts the same page over each bulk job of ``renderq serve``
 at ``/v1/jobs/{job_id}/review/``: a tenant sees and decides only its own jobs (another
 tenant's job is not found, as everywhere in the service), each decision runs on the
-engine's loop thread (where the job's listener writes the same files), and an edited
+service's jobs thread (where the job's listener writes the same files), and an edited
 prompt is queued at once, at review priority.
 """
 
