@@ -125,3 +125,37 @@ def test_a_listener_that_raises_ends_serve_with_its_error() -> None:
     engine.submit(Request("r0", "a red circle", KEY))
     with pytest.raises(RuntimeError, match="listener broke"):
         asyncio.run(asyncio.wait_for(engine.serve(), 30))
+
+
+def test_run_called_where_an_event_loop_already_runs_still_finishes() -> None:
+    # A notebook's cell runs on a running loop; ``run`` must not refuse it (asyncio.run
+    # would), and an error still reaches the caller.
+    import asyncio
+
+    sched = Scheduler(Dynamic(0.0, 4), qa=QAPolicy(threshold=0.5))
+    listener = Collect()
+    engine = RealtimeEngine(sched, {"cpu": FakeExecutor()}, ScriptedScorer(), listener)
+    for i in range(3):
+        engine.submit(Request(f"r{i}", "a red circle", KEY))
+
+    async def cell() -> None:
+        engine.run()
+
+    asyncio.run(cell())
+    assert sorted(listener.accepted) == ["r0", "r1", "r2"]
+
+    class Broken(Collect):
+        def step(self, step: Step) -> None:
+            raise RuntimeError("listener broke")
+
+    broken = RealtimeEngine(
+        Scheduler(Dynamic(0.0, 4), qa=QAPolicy(threshold=0.5)),
+        {"cpu": FakeExecutor()}, ScriptedScorer(), Broken(),
+    )  # fmt: skip
+    broken.submit(Request("r0", "a red circle", KEY))
+
+    async def failing_cell() -> None:
+        broken.run()
+
+    with pytest.raises(RuntimeError, match="listener broke"):
+        asyncio.run(failing_cell())

@@ -270,12 +270,30 @@ class RealtimeEngine:
 
     def run(self, *, until_idle: bool = True) -> None:
         """Run until every submitted request is terminal (or :meth:`stop` is called), on an
-        event loop of the calling thread's own.
+        event loop of its own: the calling thread's, or, where that thread already runs
+        one (a notebook), a thread's of its own while the caller waits, as for any call.
 
         With ``until_idle=False`` it keeps running when idle, waiting for :meth:`call`,
         until :meth:`stop`.
         """
-        asyncio.run(self.serve(until_idle=until_idle))
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            asyncio.run(self.serve(until_idle=until_idle))
+            return
+        failed: list[BaseException] = []
+
+        def own_loop() -> None:
+            try:
+                asyncio.run(self.serve(until_idle=until_idle))
+            except BaseException as exc:
+                failed.append(exc)
+
+        t = threading.Thread(target=own_loop, name="renderq-engine")
+        t.start()
+        t.join()
+        if failed:
+            raise failed[0]
 
     async def serve(self, *, until_idle: bool = True) -> None:
         """:meth:`run` on the running event loop: a service runs the engine on the loop
