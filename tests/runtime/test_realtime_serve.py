@@ -52,6 +52,11 @@ def test_calls_submit_from_other_threads_while_the_loop_keeps_running() -> None:
     assert not loop.is_alive() and sorted(listener.accepted) == [f"r{i}" for i in range(5)]
 
 
+class Broken(Collect):
+    def step(self, step: Step) -> None:
+        raise RuntimeError("listener broke")
+
+
 class TickingClock:
     """A clock that moves ``step`` seconds every time it is read (a slow, busy thread)."""
 
@@ -116,10 +121,6 @@ def test_on_a_running_loop_a_call_from_that_loop_runs_at_once_and_results_come_b
 def test_a_listener_that_raises_ends_serve_with_its_error() -> None:
     import asyncio
 
-    class Broken(Collect):
-        def step(self, step: Step) -> None:
-            raise RuntimeError("listener broke")
-
     sched = Scheduler(Dynamic(0.0, 4), qa=QAPolicy(threshold=0.5))
     engine = RealtimeEngine(sched, {"cpu": FakeExecutor()}, ScriptedScorer(), Broken())
     engine.submit(Request("r0", "a red circle", KEY))
@@ -143,10 +144,6 @@ def test_run_called_where_an_event_loop_already_runs_still_finishes() -> None:
 
     asyncio.run(cell())
     assert sorted(listener.accepted) == ["r0", "r1", "r2"]
-
-    class Broken(Collect):
-        def step(self, step: Step) -> None:
-            raise RuntimeError("listener broke")
 
     broken = RealtimeEngine(
         Scheduler(Dynamic(0.0, 4), qa=QAPolicy(threshold=0.5)),
