@@ -255,3 +255,38 @@ def test_a_bulk_commit_that_blocks_holds_up_neither_the_loop_nor_interactive_ans
     status = asyncio.run(main())
     assert status["state"] == "done" and status["accepted"] + status["escalated"] == 4
     assert threads and all(t.startswith("renderq-jobs") for t in threads), threads
+
+
+def test_an_engine_that_stops_fails_the_calls_waiting_on_it_and_refuses_later_ones(
+    tmp_path: Path, monkeypatch: object
+) -> None:
+    # Nothing may wait for ever on an engine that is gone: the calls it held answer 503
+    # with the reason, later calls are refused at once, and the service still drains.
+    import pytest
+
+    from renderq.service.interactive import Refused
+
+    assert isinstance(monkeypatch, pytest.MonkeyPatch)
+
+    def broken_step(self: RenderService, step: object) -> None:
+        raise RuntimeError("listener broke")
+
+    monkeypatch.setattr(RenderService, "step", broken_step)
+    svc = RenderService(ServiceConfig(spec=NULL, data_dir=tmp_path, batching=batches_of(4)))
+
+    async def main() -> tuple[Refused, Refused, Refused]:
+        svc.start()
+        assert await asyncio.to_thread(svc.ready.wait, 60), svc.load_error
+        reqs = svc.build_requests("local", prompt="a red circle", n=2, seed=1, qa=False)
+        with pytest.raises(Refused) as waited:
+            await asyncio.wait_for(svc.generate(reqs, None), 10)
+        with pytest.raises(Refused) as later:
+            svc.build_requests("local", prompt="a red circle", n=1, seed=1, qa=False)
+        with pytest.raises(Refused) as stats:
+            await asyncio.wait_for(asyncio.to_thread(svc.stats), 10)
+        await asyncio.wait_for(asyncio.to_thread(svc.drain, 10), 30)
+        return waited.value, later.value, stats.value
+
+    for refused in asyncio.run(main()):
+        assert refused.status == 503 and "RuntimeError: listener broke" in refused.detail
+    assert not svc.ready.is_set()

@@ -212,6 +212,12 @@ class Outstanding:
         except UnknownRequest:
             pass
 
+    def fail_all(self, exc: BaseException) -> None:
+        """Every waiting call fails with ``exc`` (the engine stopped: nothing will come)."""
+        for waiter in self.waiters.values():
+            if waiter.answer is not None:
+                waiter.answer.fail(exc)
+
     def owed(self) -> int:
         """Admitted interactive requests not yet answered: a promise to keep before a stop."""
         return sum(1 for o in self.waiters.values() if o.answer is not None)

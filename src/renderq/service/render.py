@@ -158,9 +158,10 @@ class RenderService:
 
     def _engine_ended(self, ended: Future[None]) -> None:
         exc = None if ended.cancelled() else ended.exception()
-        if exc is not None:  # every later call answers 503 with the reason
+        if exc is not None:  # waiting and later calls answer 503 with the reason
             self.load_error = f"the engine stopped: {type(exc).__name__}: {exc}"
             self.ready.clear()
+            self.outstanding.fail_all(Refused(503, "not_ready", self.load_error, 5.0))
             print(f"renderq serve: {self.load_error}", file=sys.stderr, flush=True)
 
     def add_workers(self, device_class: str, executors: Sequence[Executor]) -> Future[int]:
@@ -197,15 +198,15 @@ class RenderService:
         if self.draining:
             return
         self.draining = self.bulk.stopped = True
-        if self._engine is not None:
+        if self._alive():
             self._call(self.bulk.cancel_queued).result(timeout=60)
 
     def wait_idle(self, timeout_s: float = 60.0) -> bool:
         """Wait until no batch runs and every admitted interactive request has its answer."""
-        if self._engine is None:
-            return True
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            if not self._alive():  # nothing runs: not loaded, or the engine stopped
+                return True
             if self._call(lambda now: self._busy()).result(timeout=timeout_s) == 0:
                 return True
             time.sleep(0.05)
@@ -405,9 +406,14 @@ class RenderService:
         assert self._engine is not None
         return self._engine.scheduler
 
+    def _alive(self) -> bool:
+        """The engine is built and has not stopped."""
+        return self._engine is not None and not (self._running is not None and self._running.done())
+
     def _call(self, fn: Callable[[float], Any]) -> Future[Any]:
-        if self._engine is None:
+        if not self._alive():
             raise self._not_ready()
+        assert self._engine is not None
         return self._engine.call(fn)
 
     def _not_ready(self) -> Refused:
