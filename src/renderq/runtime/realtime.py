@@ -31,7 +31,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -281,19 +281,8 @@ class RealtimeEngine:
         except RuntimeError:
             asyncio.run(self.serve(until_idle=until_idle))
             return
-        failed: list[BaseException] = []
-
-        def own_loop() -> None:
-            try:
-                asyncio.run(self.serve(until_idle=until_idle))
-            except BaseException as exc:
-                failed.append(exc)
-
-        t = threading.Thread(target=own_loop, name="renderq-engine")
-        t.start()
-        t.join()
-        if failed:
-            raise failed[0]
+        with ThreadPoolExecutor(1, thread_name_prefix="renderq-engine") as own:
+            own.submit(asyncio.run, self.serve(until_idle=until_idle)).result()
 
     async def serve(self, *, until_idle: bool = True) -> None:
         """:meth:`run` on the running event loop: a service runs the engine on the loop

@@ -111,14 +111,15 @@ class Bulk:
         for job, sub in self.jobs.split_step(step, shares).items():
             job.step(sub)
 
-    def progress(self) -> dict[str | None, list[dict[str, Any]]]:
-        """The dashboard's job rows, for all (``None``) and per tenant: unfinished first,
-        then newest; the loop adds each row's ``waiting`` (:meth:`add_waiting`).
+    def progress(self, only: str | None = None) -> dict[str | None, list[dict[str, Any]]]:
+        """The dashboard's job rows, for all (``None``) and per tenant (``only``: that
+        tenant's alone): unfinished first, then newest; the loop adds each row's
+        ``waiting`` (:meth:`add_waiting`).
 
         ``escalated`` counts every prompt that failed the gate and is not accepted (a
         reviewer's rejections and edits included).
         """
-        jobs = list(self.jobs.jobs.values())
+        jobs = [j for j in self.jobs.jobs.values() if only is None or j.tenant == only]
         jobs.sort(key=lambda j: (j.state in ("done", "cancelled"), -float(j.meta["created"])))
         rows: dict[str | None, list[dict[str, Any]]] = {None: []}
         for job in jobs:

@@ -3,8 +3,8 @@
 A call's requests ride at priority 10-19 (bulk jobs at 0-9, so interactive work always
 goes first). :class:`Outstanding` tracks every request the service has in the scheduler,
 interactive and bulk, and the calls that wait on them; one future per call carries its
-refusal or every image's answer. Submits, answers and forgets run on the engine's loop
-thread; a call's requests are built on its HTTP thread.
+refusal or every image's answer. Submits, answers and forgets run on the engine's loop;
+a call's requests are built by its HTTP handler.
 """
 
 from __future__ import annotations

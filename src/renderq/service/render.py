@@ -356,7 +356,7 @@ class RenderService:
         if self._engine is None:
             return {"ready": False, "load_error": self.load_error}
         scope = None if admin else tenant
-        rows = self.on_jobs(lambda now: self.bulk.progress()).result(timeout=10)
+        rows = self.on_jobs(lambda now: self.bulk.progress(scope)).result(timeout=10)
         return dict(self._call(lambda now: self._view(now, scope, rows)).result(timeout=10))
 
     def _view(
