@@ -343,3 +343,62 @@ def test_form_chances_follow_caption_forms_order_per_shape_count() -> None:
     assert float(chances[1].sum()) == pytest.approx(1.0) == float(chances[2].sum())
     scene = world.sample_batch(random.Random(2), 50, 1.0)[0]
     assert [p for _, p in world.caption_forms(scene, 0.45)] == pytest.approx(chances[2].tolist())
+
+
+@pytest.mark.slow
+def test_the_unet_recipe_chains_its_phases_and_a_finished_one_trains_nothing_again(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("diffusers")
+    import torch
+    from safetensors.torch import load_file
+
+    from renderq.models.shapes import build, unet_train
+
+    torch.set_num_threads(1)
+    build.unpack_shipped(common.WEIGHTS_DIR, tmp_path)
+    recipe = (
+        unet_train.UnetPhase(2, 1e-3, 1, short_share=0.0, two_shape_share=0.5, dataset_size=500),
+        unet_train.UnetPhase(3, 4e-4, 1, short_share=0.3, two_shape_share=0.5, dataset_size=500),
+    )
+    out = unet_train.train_unet_recipe(tmp_path, recipe=recipe)
+    assert out == tmp_path / "export" / "unet"
+    steps = [common.load_checkpoint(tmp_path / f / "ckpt.pt")["step"] for f in ("unet", "unet-2")]
+    assert steps == [2, 3]  # each phase ran its own schedule, in its own folder
+    assert (out / "train_step.txt").read_text() == "3\n"
+    # The second phase started from the first one's average (its snapshot is kept)...
+    first = load_file(tmp_path / "unet" / "export" / "diffusion_pytorch_model.safetensors")
+    final = load_file(out / "diffusion_pytorch_model.safetensors")
+    assert first.keys() == final.keys()
+    assert any(not torch.equal(first[k], final[k]) for k in first)
+    # ... and the forms draw from one latent set, encoded once under unet/.
+    assert [p.name for p in (tmp_path / "unet").glob("latents*.pt")] == [
+        "latents-500-two50-forms.pt"
+    ]
+    # Run again: both phases are complete, so nothing trains and the result is the same.
+    again = unet_train.train_unet_recipe(tmp_path, recipe=recipe)
+    assert all(
+        torch.equal(final[k], v)
+        for k, v in load_file(again / "diffusion_pytorch_model.safetensors").items()
+    )
+
+
+def test_stage_unet_runs_the_recipe_unless_an_option_asks_for_one_schedule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("torch")
+    from renderq.models.shapes import __main__ as cli
+    from renderq.models.shapes import unet_train
+
+    calls: list[tuple[str, dict[str, object]]] = []
+    monkeypatch.setattr(
+        unet_train, "train_unet_recipe", lambda ck, resume: calls.append(("recipe", {}))
+    )
+    monkeypatch.setattr(
+        unet_train, "train_unet", lambda ck, resume, init_from, **kw: calls.append(("one", kw))
+    )
+    base = ["train", "--stage", "unet", "--threads", "1", "--checkpoints", str(tmp_path)]
+    cli.main(base)
+    cli.main([*base, "--steps", "50", "--short-share", "0.4"])
+    assert calls == [("recipe", {}), ("one", {"steps": 50, "short_share": 0.4})]
+    assert unet_train.UNET_RECIPE[0].short_share == 0.0  # full captions first

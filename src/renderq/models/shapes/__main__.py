@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from renderq.models.shapes import common
 
@@ -42,21 +41,7 @@ def _train(args: argparse.Namespace) -> None:
             kwargs = {} if args.steps is None else {"steps": args.steps}
             train_vae(checkpoints, resume=not args.fresh, **kwargs)
         else:
-            from renderq.models.shapes.unet_train import train_unet
-
-            unet_kwargs: dict[str, Any] = {} if args.steps is None else {"steps": args.steps}
-            if args.lr is not None:
-                unet_kwargs["lr"] = args.lr
-            if args.warmup is not None:
-                unet_kwargs["warmup"] = args.warmup
-            if args.two_shape_share is not None:
-                unet_kwargs["two_shape_share"] = args.two_shape_share
-            if args.dataset_size is not None:
-                unet_kwargs["dataset_size"] = args.dataset_size
-            if args.short_share is not None:
-                unet_kwargs["short_share"] = args.short_share
-            init = Path(args.init_from) if args.init_from else None
-            train_unet(checkpoints, resume=not args.fresh, init_from=init, **unet_kwargs)
+            _train_unet(args, checkpoints)
     if args.stage == "all":
         # The one command: every stage, then the shipped folders, their hashes, the time.
         from renderq.models.shapes.build import build_all, weight_hashes
@@ -65,6 +50,23 @@ def _train(args: argparse.Namespace) -> None:
         for name, digest in weight_hashes(out).items():
             print(f"sha256 {digest}  {name}", flush=True)
         print(f"[all] wall time {(time.monotonic() - started) / 60:.1f} min", flush=True)
+
+
+def _train_unet(args: argparse.Namespace, checkpoints: Path) -> None:
+    """The recipe's phases (``unet_train.UNET_RECIPE``), or with any option one schedule."""
+    from renderq.models.shapes.unet_train import train_unet, train_unet_recipe
+
+    options = {
+        "steps": args.steps, "lr": args.lr, "warmup": args.warmup,
+        "two_shape_share": args.two_shape_share, "dataset_size": args.dataset_size,
+        "short_share": args.short_share,
+    }  # fmt: skip
+    given = {k: v for k, v in options.items() if v is not None}
+    if not given and not args.init_from:
+        train_unet_recipe(checkpoints, resume=not args.fresh)
+        return
+    init = Path(args.init_from) if args.init_from else None
+    train_unet(checkpoints, resume=not args.fresh, init_from=init, **given)
 
 
 def _train_gate(args: argparse.Namespace, checkpoints: Path) -> None:

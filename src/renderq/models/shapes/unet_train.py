@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import copy
 import random
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,29 @@ TWO_SHAPE_SHARE = 0.3
 
 CAPTION_DROPOUT = 0.1
 """Share of training captions replaced by the empty prompt."""
+
+
+@dataclass(frozen=True)
+class UnetPhase:
+    """One phase of the UNet recipe: a cosine schedule of its own, warm-started from the
+    phase before (the first starts from fresh weights). ``short_share`` as in
+    :func:`train_unet` (0: every caption in its full form, bar a two-shape caption's mixed
+    sizes)."""
+
+    steps: int
+    lr: float
+    warmup: int
+    short_share: float | None
+    two_shape_share: float = TWO_SHAPE_SHARE
+    dataset_size: int = DATASET_SIZE
+
+
+UNET_RECIPE = (
+    UnetPhase(9000, 1e-3, 200, short_share=0.0, two_shape_share=0.5, dataset_size=40_000),
+    UnetPhase(2000, 4e-4, 100, short_share=0.3, two_shape_share=0.5, dataset_size=40_000),
+)
+"""What ``train --stage unet`` (and ``--stage all``) runs without options: full captions of
+half two-shape scenes first, then the mix of caption forms the prompts come in."""
 
 TRAIN_TIMESTEPS = 1000
 BETA_START = 0.00085
@@ -185,6 +210,7 @@ def train_unet(
     two_shape_share: float = TWO_SHAPE_SHARE,
     dataset_size: int = DATASET_SIZE,
     short_share: float | None = None,
+    folder: str = "unet",
 ) -> Path:
     """Train (or resume) the UNet; the EMA weights go to ``checkpoints/export/unet``.
 
@@ -194,7 +220,9 @@ def train_unet(
     ``two_shape_share`` and ``dataset_size`` shape the latent set (see
     :func:`build_latent_dataset`). With ``short_share`` each image keeps every form of its
     caption and a step draws one per image, the size words and the background clause
-    each left out with that chance (:func:`world.caption_forms`).
+    each left out with that chance (:func:`world.caption_forms`). ``folder``: where under
+    ``checkpoints`` this run keeps its checkpoint (a recipe's phases keep one each; the
+    latent sets stay under ``unet/``).
     """
     import torch
     from diffusers import DDPMScheduler
@@ -210,7 +238,7 @@ def train_unet(
     unet = unet_model(int(data["embeddings"].shape[-1]))
     ema = copy.deepcopy(unet).requires_grad_(False)
     optimizer = torch.optim.AdamW(unet.parameters(), lr=lr, weight_decay=0.01)
-    ckpt_path = checkpoints / "unet" / "ckpt.pt"
+    ckpt_path = checkpoints / folder / "ckpt.pt"
     start = 0
     state = common.load_checkpoint(ckpt_path) if resume else None
     if state is not None:
@@ -267,16 +295,39 @@ def train_unet(
                     "step": step + 1,
                 },
             )
-    return export_unet(checkpoints)
+    return export_unet(checkpoints, folder)
 
 
-def export_unet(checkpoints: Path) -> Path:
-    """Write the EMA weights of the latest UNet checkpoint to ``checkpoints/export/unet``."""
+def train_unet_recipe(
+    checkpoints: Path, resume: bool = True, recipe: tuple[UnetPhase, ...] = UNET_RECIPE
+) -> Path:
+    """Run ``recipe``'s phases in order (phase ``i`` keeps its checkpoint in ``unet`` for
+    the first, ``unet-<i+1>`` after), each warm-started from the one before; resumable at
+    any step of any phase. The last phase's EMA weights end in ``checkpoints/export/unet``.
+    """
+    out, init = checkpoints / "export" / "unet", None
+    for i, phase in enumerate(recipe):
+        folder = "unet" if i == 0 else f"unet-{i + 1}"
+        print(f"[unet] phase {i + 1} of {len(recipe)}: {phase}", flush=True)
+        out = train_unet(
+            checkpoints, steps=phase.steps, resume=resume, lr=phase.lr, init_from=init,
+            warmup=phase.warmup, two_shape_share=phase.two_shape_share,
+            dataset_size=phase.dataset_size, short_share=phase.short_share, folder=folder,
+        )  # fmt: skip
+        # The next phase starts from this one's average, kept apart from ``export/unet``
+        # (which the next phase overwrites).
+        init = checkpoints / folder / "export"
+        shutil.copytree(out, init, dirs_exist_ok=True)
+    return out
+
+
+def export_unet(checkpoints: Path, folder: str = "unet") -> Path:
+    """Write the EMA weights of ``folder``'s latest checkpoint to ``checkpoints/export/unet``."""
     import json
 
-    state = common.load_checkpoint(checkpoints / "unet" / "ckpt.pt")
+    state = common.load_checkpoint(checkpoints / folder / "ckpt.pt")
     if state is None:
-        raise FileNotFoundError(f"no UNet checkpoint under {checkpoints / 'unet'}")
+        raise FileNotFoundError(f"no UNet checkpoint under {checkpoints / folder}")
     clip_config = json.loads((checkpoints / "export" / "clip" / "config.json").read_text())
     unet = unet_model(int(clip_config["text_config"]["hidden_size"]))
     unet.load_state_dict(state["ema"])
