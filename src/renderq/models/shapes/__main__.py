@@ -165,8 +165,8 @@ def main(argv: list[str] | None = None) -> None:
         "--two-shape-share",
         type=float,
         default=None,
-        help="share of world images with two shapes (unet's latent set, default 0.3; clip-gate, "
-        "default 0.4)",
+        help="share of world images with two shapes (unet's latent set in one schedule, default "
+        "0.3; clip-gate, default 0.4)",
     )
     train.add_argument(
         "--render-two-shape-share",
@@ -209,8 +209,9 @@ def main(argv: list[str] | None = None) -> None:
         type=float,
         default=None,
         help="unet: every image keeps all its caption's forms, each step draws one, leaving out "
-        "the size words and the background clause each with this chance (default: one fixed "
-        "caption per image, drawn once)",
+        "the size words and the background clause each with this chance (default in one "
+        "schedule: one fixed caption per image, drawn once). Without any unet option the stage "
+        "runs the recipe (unet_train.UNET_RECIPE) instead",
     )
     train.add_argument(
         "--out", default=str(common.WEIGHTS_DIR), help="where --stage all builds the weights"
