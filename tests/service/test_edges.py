@@ -76,6 +76,27 @@ def test_n_that_can_never_fit_the_tenant_limit_is_400_not_429(live: Live) -> Non
         assert gen(c, n=4).status_code == 200
 
 
+def test_seeds_counting_past_the_largest_are_a_400_naming_the_seed(live: Live) -> None:
+    top = 2**63 - 1
+    with live.client() as c:
+        r = gen(c, n=2, seed=top)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"] == "invalid_request"
+        assert f"{top + 1} (seed {top} + index 1) is above the largest seed" in r.json()["detail"]
+        ok = gen(c, n=2, seed=top - 1)
+        assert ok.status_code == 200 and [d["seed"] for d in ok.json()["data"]] == [top - 1, top]
+        # A bulk job's per-prompt seeds come from the same rule: base + index unless given.
+        r = c.post("/v1/jobs", json={"prompts": ["a", {"prompt": "b", "seed": 5}, "c"], "seed": 9})
+        assert r.status_code == 202, r.text
+        job = r.json()["id"]
+        deadline = time.monotonic() + 60
+        while c.get(f"/v1/jobs/{job}").json()["state"] != "done":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        images = c.get(f"/v1/jobs/{job}/images").json()["data"]
+        assert sorted((i["prompt"], i["seed"]) for i in images) == [("a", 9), ("b", 5), ("c", 11)]
+
+
 @pytest.mark.parametrize(
     ("content", "needle"),
     [(b'{"prompt": "a red \xff circle"}', "UTF-8"), (b'{"prompt": ', "JSON")],

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from renderq.core.errors import ConfigError
@@ -208,8 +208,14 @@ def key_for(
     )
 
 
-def request_seeds(base_seed: int, n: int, given: Sequence[int | None] = ()) -> list[int]:
-    """The first seed of each of ``n`` prompts: ``given[i]`` where set, else base + i."""
+def request_seeds(
+    base_seed: int,
+    n: int,
+    given: Sequence[int | None] = (),
+    where: Callable[[int], str] | None = None,
+) -> list[int]:
+    """The first seed of each of ``n`` prompts: ``given[i]`` where set, else base + i.
+    ``where(i)`` names prompt ``i``'s seed in an error (default ``seed of prompt i``)."""
     if not 0 <= base_seed <= MAX_SEED:
         raise ConfigError(f"seed must be from 0 to {MAX_SEED}, got {base_seed}")
     seeds = []
@@ -217,6 +223,8 @@ def request_seeds(base_seed: int, n: int, given: Sequence[int | None] = ()) -> l
         own = given[i] if i < len(given) else None
         seed = base_seed + i if own is None else own
         if not 0 <= seed <= MAX_SEED:
-            raise ConfigError(f"seed of prompt {i} ({seed}) is outside 0..{MAX_SEED}")
+            at = where(i) if where else f"seed of prompt {i}"
+            how = f" (seed {base_seed} + index {i})" if own is None else ""
+            raise ConfigError(f"{at} {seed}{how} is above the largest seed {MAX_SEED}")
         seeds.append(seed)
     return seeds

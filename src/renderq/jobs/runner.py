@@ -42,7 +42,14 @@ from renderq.core.events import Accepted, Escalated, Regenerating
 from renderq.core.ledger import Ledger, LedgerRow
 from renderq.core.protocols import Executor, Scorer
 from renderq.core.seeds import MAX_SEED
-from renderq.core.settings import DEFAULT_MAX_BATCH_SIZE, Batching, ModelSpec, QASettings, key_for
+from renderq.core.settings import (
+    DEFAULT_MAX_BATCH_SIZE,
+    Batching,
+    ModelSpec,
+    QASettings,
+    key_for,
+    request_seeds,
+)
 from renderq.core.types import Batch, BatchKind, Request, Stage
 from renderq.jobs.prompts import PromptSpec, file_digest, generated_id, read_prompts
 from renderq.jobs.summary import Progress, RunSummary, summarise
@@ -256,8 +263,12 @@ def build_prompt_rows(
 ) -> list[PromptRow]:
     """Resolve each prompt's seed, size and steps; a size the model cannot do is an error."""
     default_w, default_h = executor.default_size()
+    seeds = request_seeds(
+        settings.seed, len(specs), [s.seed for s in specs],
+        where=lambda i: f"{settings.prompts}:{specs[i].line}: seed",
+    )  # fmt: skip
     rows = []
-    for i, s in enumerate(specs):
+    for i, (s, seed) in enumerate(zip(specs, seeds, strict=True)):
         w, h = s.width or default_w, s.height or default_h
         try:
             executor.check_size(w, h)
@@ -276,12 +287,6 @@ def build_prompt_rows(
             "truncated": list(length.truncated),
             "adapter": s.lora,
         }
-        seed = s.seed if s.seed is not None else settings.seed + i
-        if seed > MAX_SEED:
-            raise ConfigError(
-                f"{settings.prompts}:{s.line}: seed {seed} (--seed {settings.seed} + line "
-                f"index {i}) is above the largest seed {MAX_SEED}"
-            )
         rid = s.id if s.id is not None else generated_id(i)
         rows.append(PromptRow(rid, i, s.prompt, seed, spec))
     return rows

@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from renderq import __version__
 from renderq.core.errors import ConfigError
+from renderq.core.settings import request_seeds
 from renderq.service.gallery import gallery_router
 from renderq.service.interactive import ImageResult, Refused
 from renderq.service.jobs import JobNotFound
@@ -224,11 +225,12 @@ def create_app(service: RenderService) -> FastAPI:
     @app.post("/v1/jobs", response_model=JobStatus, status_code=202, responses=_ERRORS)
     async def create_job(body: JobCreate, who: Tenant) -> JobStatus:
         """Queue a bulk job at bulk priority; poll ``GET /v1/jobs/{id}``."""
+        given = [None if isinstance(p, str) else p.seed for p in body.prompts]
         prompts = [
-            (p, body.seed + i, "")
-            if isinstance(p, str)
-            else (p.prompt, body.seed + i if p.seed is None else p.seed, p.negative_prompt or "")
-            for i, p in enumerate(body.prompts)
+            (p, seed, "") if isinstance(p, str) else (p.prompt, seed, p.negative_prompt or "")
+            for p, seed in zip(
+                body.prompts, request_seeds(body.seed, len(given), given), strict=True
+            )
         ]
         job_id = await asyncio.to_thread(
             service.create_job,

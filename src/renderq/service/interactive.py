@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 from renderq.core.errors import ConfigError, UnknownRequest
 from renderq.core.events import Accepted, Cancelled, Escalated, Event
 from renderq.core.scheduler import Scheduler
+from renderq.core.settings import request_seeds
 from renderq.core.types import TERMINAL, BatchKey, Request, RequestState
 from renderq.runtime.realtime import Step
 from renderq.service.config import ServiceConfig
@@ -124,12 +125,12 @@ class Outstanding:
         rid = f"i{self._nonce}-{next(self._ids)}"
         return [
             Request(
-                id=f"{rid}-{i}", prompt=prompt, key=key, base_seed=base + i,
+                id=f"{rid}-{i}", prompt=prompt, key=key, base_seed=first,
                 priority=INTERACTIVE_PRIORITY + int(opts.get("priority") or 0),
                 guidance_scale=guidance, negative_prompt=opts.get("negative_prompt") or "",
                 tenant=tenant, qa=bool(opts.get("qa", True)),
             )
-            for i in range(n)
+            for i, first in enumerate(request_seeds(base, n))
         ]  # fmt: skip
 
     def submit(
