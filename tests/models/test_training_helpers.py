@@ -401,4 +401,4 @@ def test_stage_unet_runs_the_recipe_unless_an_option_asks_for_one_schedule(
     cli.main(base)
     cli.main([*base, "--steps", "50", "--short-share", "0.4"])
     assert calls == [("recipe", {}), ("one", {"steps": 50, "short_share": 0.4})]
-    assert unet_train.UNET_RECIPE[0].short_share == 0.0  # full captions first
+    assert unet_train.UNET_RECIPE[0].short_share == 0.3  # the mix of forms from the first step

@@ -47,11 +47,12 @@ class UnetPhase:
 
 
 UNET_RECIPE = (
-    UnetPhase(9000, 1e-3, 200, short_share=0.0, two_shape_share=0.5, dataset_size=40_000),
+    UnetPhase(9000, 1e-3, 200, short_share=0.3, two_shape_share=0.5, dataset_size=40_000),
     UnetPhase(2000, 4e-4, 100, short_share=0.3, two_shape_share=0.5, dataset_size=40_000),
 )
-"""What ``train --stage unet`` (and ``--stage all``) runs without options: full captions of
-half two-shape scenes first, then the mix of caption forms the prompts come in."""
+"""What ``train --stage unet`` (and ``--stage all``) runs without options: half two-shape
+scenes captioned in the mix of forms the prompts come in, from the first step, then a
+second phase at a lower rate on the same mix."""
 
 TRAIN_TIMESTEPS = 1000
 BETA_START = 0.00085
