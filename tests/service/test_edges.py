@@ -22,6 +22,7 @@ from renderq.service.app import create_app
 from renderq.service.config import ServiceConfig, load_config
 from renderq.service.render import RenderService
 from renderq.service.server import DrainingServer
+from tests.service.test_service import wait_job
 
 TOKENS = {"tok-a": "team-a", "tok-b": "team-b", "tok-ops": "ops"}
 
@@ -89,10 +90,7 @@ def test_seeds_counting_past_the_largest_are_a_400_naming_the_seed(live: Live) -
         r = c.post("/v1/jobs", json={"prompts": ["a", {"prompt": "b", "seed": 5}, "c"], "seed": 9})
         assert r.status_code == 202, r.text
         job = r.json()["id"]
-        deadline = time.monotonic() + 60
-        while c.get(f"/v1/jobs/{job}").json()["state"] != "done":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_job(c, job, {"done"}, timeout=60)
         images = c.get(f"/v1/jobs/{job}/images").json()["data"]
         assert sorted((i["prompt"], i["seed"]) for i in images) == [("a", 9), ("b", 5), ("c", 11)]
 
