@@ -402,3 +402,45 @@ def test_stage_unet_runs_the_recipe_unless_an_option_asks_for_one_schedule(
     cli.main([*base, "--steps", "50", "--short-share", "0.4"])
     assert calls == [("recipe", {}), ("one", {"steps": 50, "short_share": 0.4})]
     assert unet_train.UNET_RECIPE[0].short_share == 0.3  # the mix of forms from the first step
+
+
+def test_the_gate_stage_trains_on_one_render_set_per_share_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("torch")
+    from renderq.models.shapes import __main__ as cli
+
+    image = np.zeros((64, 64, 3), dtype=np.uint8)
+    for share, prompt in ((0.5, "a red circle"), (0.75, "a blue square and a red circle")):
+        cache = clip_gate.render_cache(tmp_path, 0 if share == 0.5 else 1, share)
+        data = {"images": [image], "prompts": [prompt], "rendered": 1, "two_shape_share": share}
+        common.save_checkpoint(cache, data)
+    trained: list[dict[str, object]] = []
+    monkeypatch.setattr(
+        clip_gate, "train_clip_gate", lambda ck, out, renders, **kw: trained.append(renders)
+    )
+    base = ["train", "--stage", "clip-gate", "--threads", "1", "--checkpoints", str(tmp_path)]
+    # Both caches are full, so nothing renders (no pipeline is read from --render-with).
+    cli.main([*base, "--render-with", str(tmp_path / "none"), "--renders", "1",
+              "--render-two-shape-share", "0.5,0.75"])  # fmt: skip
+    assert clip_gate.render_cache(tmp_path, 0, 0.5).name == "renders.pt"  # one set's old name
+    assert clip_gate.render_cache(tmp_path, 1, 0.75).name == "renders-0.75.pt"
+    (renders,) = trained
+    assert renders["prompts"] == ["a red circle", "a blue square and a red circle"]
+    assert np.asarray(renders["images"]).shape == (2, 64, 64, 3)
+    assert len(renders["captions"]) == len(renders["matched"]) == 2 and renders["rendered"] == 2
+    # The other order asks renders.pt for share 0.75: refused, naming both shares.
+    with pytest.raises(ValueError, match=r"two-shape share 0\.5, not 0\.75"):
+        cli.main([*base, "--render-with", str(tmp_path / "none"), "--renders", "1",
+                  "--render-two-shape-share", "0.75,0.5"])  # fmt: skip
+
+
+@pytest.mark.parametrize("value", ["0.5,x", "1.5", "0.5,0.5"])
+def test_a_bad_render_two_shape_share_is_refused_by_name(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from renderq.models.shapes import __main__ as cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["train", "--stage", "clip-gate", "--render-two-shape-share", value])
+    assert exit_.value.code == 2 and repr(value) in capsys.readouterr().err

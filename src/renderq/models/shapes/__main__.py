@@ -69,10 +69,25 @@ def _train_unet(args: argparse.Namespace, checkpoints: Path) -> None:
     train_unet(checkpoints, resume=not args.fresh, init_from=init, **given)
 
 
+def _shares(text: str) -> list[float]:
+    """``--render-two-shape-share``: one share or several, comma-separated, each in [0, 1]."""
+    try:
+        shares = [float(part) for part in text.split(",")]
+    except ValueError as err:
+        msg = f"not a share or a comma-separated list: {text!r}"
+        raise argparse.ArgumentTypeError(msg) from err
+    bad = [s for s in shares if not 0.0 <= s <= 1.0]
+    if bad or len(set(shares)) != len(shares):
+        raise argparse.ArgumentTypeError(f"shares must be distinct and in [0, 1], got {text!r}")
+    return shares
+
+
 def _train_gate(args: argparse.Namespace, checkpoints: Path) -> None:
     from renderq.models.shapes.clip_gate import (
         GATE_STEPS,
         RENDER_STEPS,
+        merge_renders,
+        render_cache,
         render_training_set,
         train_clip_gate,
     )
@@ -90,10 +105,11 @@ def _train_gate(args: argparse.Namespace, checkpoints: Path) -> None:
         vae = AutoencoderKL.from_pretrained(export / "vae")
         unet = UNet2DConditionModel.from_pretrained(export / "unet")
         save_pipeline(assemble_pipeline(export / "clip", vae, unet), pipeline, export / "clip")
-    renders = render_training_set(
-        pipeline, args.renders, checkpoints / "clip-gate" / "renders.pt",
-        two_shape_share=args.render_two_shape_share,
-    )  # fmt: skip
+    renders = merge_renders([
+        render_training_set(pipeline, args.renders, render_cache(checkpoints, i, share),
+                            two_shape_share=share)
+        for i, share in enumerate(args.render_two_shape_share)
+    ])  # fmt: skip
     train_clip_gate(
         checkpoints,
         checkpoints / "export" / "clip-gate",
@@ -170,9 +186,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     train.add_argument(
         "--render-two-shape-share",
-        type=float,
-        default=0.5,
-        help="share of the rendered training prompts that name two shapes (clip-gate)",
+        type=_shares,
+        default=[0.5],
+        help="share of the rendered training prompts that name two shapes (clip-gate); "
+        "several, comma-separated, train on a set of --renders renders for each",
     )
     train.add_argument(
         "--matched-caption",

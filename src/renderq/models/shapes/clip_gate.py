@@ -196,6 +196,26 @@ def label_renders(images: Any, prompts: list[str]) -> dict[str, Any]:
     return {"images": images, "prompts": prompts, "captions": captions, "matched": matched}
 
 
+def render_cache(checkpoints: Path, index: int, share: float) -> Path:
+    """Where the gate stage caches its ``index``-th set of renders (of two-shape ``share``).
+
+    The first set keeps the one name a single set has always had (``renders.pt``).
+    """
+    name = "renders.pt" if index == 0 else f"renders-{share:g}.pt"
+    return checkpoints / "clip-gate" / name
+
+
+def merge_renders(sets: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several labelled render sets as one, in the order given (their images stacked)."""
+    if len(sets) == 1:
+        return sets[0]
+    merged: dict[str, Any] = {"images": np.concatenate([np.asarray(s["images"]) for s in sets])}
+    for key in ("prompts", "captions", "matched"):
+        merged[key] = [v for s in sets for v in s[key]]
+    merged["rendered"] = sum(int(s["rendered"]) for s in sets)
+    return merged
+
+
 def render_training_set(
     pipeline_dir: Path, n: int, cache: Path, batch: int = 16, two_shape_share: float = 0.3
 ) -> dict[str, Any]:
