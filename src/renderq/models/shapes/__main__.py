@@ -94,7 +94,8 @@ def _train_gate(args: argparse.Namespace, checkpoints: Path) -> None:
 
     # Renders come from mini-SD as the earlier stages left it (assembled anew each time, so
     # never from a stale UNet), unless --render-with names a pipeline folder. They are cached
-    # in clip-gate/renders.pt; delete that file after retraining the UNet.
+    # in clip-gate/ (renders.pt, then renders-<share>.pt for each further share); delete
+    # them after retraining the UNet.
     pipeline = Path(args.render_with) if args.render_with else checkpoints / "export" / "mini-sd"
     if not args.render_with:
         from diffusers import AutoencoderKL, UNet2DConditionModel
