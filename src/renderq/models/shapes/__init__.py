@@ -19,7 +19,7 @@ from typing import Any
 from renderq.models.shapes.build import DEFAULT_GUIDANCE, DEFAULT_STEPS
 from renderq.models.shapes.common import WEIGHTS_DIR
 
-DEFAULT_THRESHOLD = 0.7161
+DEFAULT_THRESHOLD = 0.7193
 """The shipped scorer's gate, a cosine: ``gate_threshold / 100`` of ``weights/figures.json``.
 
 ``python -m renderq.models.shapes evaluate`` calibrates it on mini-SD renders (of 500
